@@ -1,0 +1,223 @@
+//! The `smtp-once` command line: one binary, one subcommand per job.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::Config;
+use crate::server::Server;
+use crate::store::sqlite::{Inspector, SqliteStore};
+use crate::store::{MessageState, MessageStatus};
+use crate::trace::rfc5322_date;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "smtp-once",
+    version,
+    about = "SMTP submission relay with exactly-once acceptance"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the relay daemon (listeners, ledger, queue).
+    Serve {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Validate a config file and list every problem by key.
+    CheckConfig {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Read a password on stdin and print its argon2id PHC string.
+    HashPassword,
+    /// Show one message's state, attempts and last error.
+    Status {
+        #[arg(long, short)]
+        config: PathBuf,
+        queue_id: String,
+    },
+    /// List the queue, one line per message.
+    Queue {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Only messages in this state (queued, deferred, delivered, failed, expired, held).
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+    },
+}
+
+pub fn run(cli: Cli) -> ExitCode {
+    let result = match cli.command {
+        Command::Serve { config } => serve(config),
+        Command::CheckConfig { config } => check_config(config),
+        Command::HashPassword => hash_password(),
+        Command::Status { config, queue_id } => status(config, &queue_id),
+        Command::Queue {
+            config,
+            state,
+            limit,
+        } => queue(config, state.as_deref(), limit),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("smtp-once: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn serve(path: PathBuf) -> Result<(), String> {
+    init_logging();
+    let config = Config::load(&path).map_err(|e| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start runtime: {e}"))?;
+    let store = Arc::new(SqliteStore::open(&config.data_dir).map_err(|e| e.to_string())?);
+    tracing::info!(db = %store.db_path().display(), "ledger and queue open");
+    runtime.block_on(async {
+        let server = Server::start(&config, store.clone()).await?;
+        for (addr, listener) in server.addrs.iter().zip(&config.listeners) {
+            // A stable line on stdout that scripts and tests wait for.
+            println!("smtp-once listening on {addr} ({:?})", listener.tls);
+        }
+        let _ = std::io::stdout().flush();
+        wait_for_signal().await;
+        tracing::info!("stopping: finishing in-flight transactions");
+        server.shutdown().await;
+        Ok::<(), String>(())
+    })?;
+    drop(runtime);
+    match Arc::try_unwrap(store) {
+        Ok(store) => store.close(),
+        Err(_) => tracing::warn!("store still in use at exit"),
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+fn check_config(path: PathBuf) -> Result<(), String> {
+    let config = Config::load(&path).map_err(|e| e.to_string())?;
+    println!(
+        "{}: ok ({} listener(s), {} user(s), {} trusted network(s), data in {})",
+        path.display(),
+        config.listeners.len(),
+        config.users.len(),
+        config.trusted_networks.len(),
+        config.data_dir.display()
+    );
+    Ok(())
+}
+
+fn hash_password() -> Result<(), String> {
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        eprint!("Password: ");
+        let _ = std::io::stderr().flush();
+    }
+    let mut line = String::new();
+    stdin
+        .lock()
+        .read_line(&mut line)
+        .map_err(|e| format!("cannot read password from stdin: {e}"))?;
+    let password = line.trim_end_matches(['\r', '\n']);
+    if password.is_empty() {
+        return Err("empty password on stdin".into());
+    }
+    println!("{}", crate::auth::hash_password(password)?);
+    Ok(())
+}
+
+fn inspector(path: &std::path::Path) -> Result<Inspector, String> {
+    let config = Config::load(path).map_err(|e| e.to_string())?;
+    Inspector::open(&config.data_dir).map_err(|e| e.to_string())
+}
+
+fn status(path: PathBuf, id: &str) -> Result<(), String> {
+    let m = inspector(&path)?.message(id).map_err(|e| e.to_string())?;
+    print!("{}", format_status(&m));
+    Ok(())
+}
+
+pub fn format_status(m: &MessageStatus) -> String {
+    let next = m
+        .next_attempt_at
+        .filter(|_| matches!(m.state, MessageState::Queued | MessageState::Deferred))
+        .map_or("-".to_string(), |t| rfc5322_date(t / 1000));
+    format!(
+        "queue id:     {}\nstate:        {}\nworkspace:    {}\naccount:      {}\nfrom:         <{}>\nrecipients:   {}\nsize:         {} bytes\naccepted:     {}\nattempts:     {}\nnext attempt: {}\nlast error:   {}\n",
+        m.id,
+        m.state.as_str(),
+        m.workspace,
+        m.account,
+        m.reverse_path,
+        m.recipients.join(", "),
+        m.size,
+        rfc5322_date(m.created_at / 1000),
+        m.attempts,
+        next,
+        m.last_error.as_deref().unwrap_or("-"),
+    )
+}
+
+fn queue(path: PathBuf, state: Option<&str>, limit: usize) -> Result<(), String> {
+    let state = match state {
+        Some(s) => Some(MessageState::parse(s).ok_or_else(|| {
+            format!("--state {s:?}: use queued, deferred, delivering, delivered, failed, expired or held")
+        })?),
+        None => None,
+    };
+    let messages = inspector(&path)?
+        .messages(state, limit)
+        .map_err(|e| e.to_string())?;
+    for m in &messages {
+        println!(
+            "{} {:<10} attempts={} size={} from=<{}> to={}",
+            m.id,
+            m.state.as_str(),
+            m.attempts,
+            m.size,
+            m.reverse_path,
+            m.recipients.join(",")
+        );
+    }
+    eprintln!("{} message(s)", messages.len());
+    Ok(())
+}

@@ -1,0 +1,615 @@
+//! The TOML configuration: parsed strictly (`deny_unknown_fields`), then
+//! validated into typed settings. Every problem is reported with the key it
+//! belongs to, so `check-config` can list them all at once.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::auth::{Cidr, SenderPattern};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path} has {} problem(s):\n  {}", problems.len(), problems.join("\n  "))]
+    Invalid {
+        path: PathBuf,
+        problems: Vec<String>,
+    },
+}
+
+/// The file as written. Paths are relative to the config file's folder.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub server: RawServer,
+    #[serde(default, rename = "listener")]
+    pub listeners: Vec<RawListener>,
+    pub tls: Option<RawTls>,
+    #[serde(default)]
+    pub auth: RawAuth,
+    #[serde(default, rename = "user")]
+    pub users: Vec<RawUser>,
+    #[serde(default, rename = "trusted_network")]
+    pub trusted_networks: Vec<RawTrustedNetwork>,
+    #[serde(default)]
+    pub idempotency: RawIdempotency,
+    #[serde(default)]
+    pub relay: RawRelay,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub hostname: String,
+    pub data_dir: PathBuf,
+    #[serde(default = "default_max_message_size")]
+    pub max_message_size: u64,
+    #[serde(default = "default_max_recipients")]
+    pub max_recipients: usize,
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// RFC 5321 4.5.3.2.7: the server waits at least 5 minutes for a command.
+    #[serde(default = "default_command_timeout")]
+    pub command_timeout: String,
+    /// Between data blocks; RFC 5321 4.5.3.2.5 asks clients for 3 minutes.
+    #[serde(default = "default_data_timeout")]
+    pub data_timeout: String,
+    #[serde(default = "default_max_bad_commands")]
+    pub max_bad_commands: u32,
+    /// How long SIGTERM waits for in-flight sessions before closing them.
+    #[serde(default = "default_shutdown_grace")]
+    pub shutdown_grace: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawListener {
+    pub addr: String,
+    #[serde(default = "default_tls_mode")]
+    pub tls: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuth {
+    #[serde(default)]
+    pub allow_plaintext: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUser {
+    pub name: String,
+    pub password_hash: String,
+    pub workspace: String,
+    #[serde(default)]
+    pub allowed_senders: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTrustedNetwork {
+    pub cidr: String,
+    pub workspace: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIdempotency {
+    #[serde(default = "default_retention")]
+    pub retention: String,
+    #[serde(default = "default_purge_interval")]
+    pub purge_interval: String,
+}
+
+impl Default for RawIdempotency {
+    fn default() -> Self {
+        Self {
+            retention: default_retention(),
+            purge_interval: default_purge_interval(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRelay {
+    #[serde(default = "default_relay_mode")]
+    pub mode: String,
+    pub dir: Option<PathBuf>,
+    pub smarthost: Option<String>,
+    pub tls: Option<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+impl Default for RawRelay {
+    fn default() -> Self {
+        Self {
+            mode: default_relay_mode(),
+            dir: None,
+            smarthost: None,
+            tls: None,
+            username: None,
+            password: None,
+        }
+    }
+}
+
+fn default_max_message_size() -> u64 {
+    26_214_400
+}
+fn default_max_recipients() -> usize {
+    100
+}
+fn default_max_connections() -> usize {
+    1000
+}
+fn default_command_timeout() -> String {
+    "5m".into()
+}
+fn default_data_timeout() -> String {
+    "3m".into()
+}
+fn default_max_bad_commands() -> u32 {
+    20
+}
+fn default_shutdown_grace() -> String {
+    "30s".into()
+}
+fn default_tls_mode() -> String {
+    "none".into()
+}
+fn default_retention() -> String {
+    "3h".into()
+}
+fn default_purge_interval() -> String {
+    "60s".into()
+}
+fn default_relay_mode() -> String {
+    "file".into()
+}
+
+/// Validated settings the daemon runs on.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub path: PathBuf,
+    pub hostname: String,
+    pub data_dir: PathBuf,
+    pub max_message_size: usize,
+    pub max_recipients: usize,
+    pub max_connections: usize,
+    pub command_timeout: Duration,
+    pub data_timeout: Duration,
+    pub max_bad_commands: u32,
+    pub shutdown_grace: Duration,
+    pub listeners: Vec<Listener>,
+    pub tls: Option<TlsFiles>,
+    pub allow_plaintext_auth: bool,
+    pub users: Vec<User>,
+    pub trusted_networks: Vec<TrustedNetwork>,
+    pub retention: Duration,
+    pub purge_interval: Duration,
+    pub relay: Relay,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    None,
+    StartTls,
+    Implicit,
+}
+
+#[derive(Debug, Clone)]
+pub struct Listener {
+    pub addr: SocketAddr,
+    pub tls: TlsMode,
+}
+
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct User {
+    pub name: String,
+    pub password_hash: String,
+    pub workspace: String,
+    /// `None`: any sender.
+    pub allowed_senders: Option<Vec<SenderPattern>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TrustedNetwork {
+    pub cidr: Cidr,
+    pub workspace: String,
+}
+
+#[derive(Debug, Clone)]
+pub enum Relay {
+    File {
+        dir: PathBuf,
+    },
+    Smarthost {
+        host: String,
+        tls: TlsMode,
+        username: Option<String>,
+        password: Option<String>,
+    },
+    Mx,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml(path, &text)
+    }
+
+    pub fn from_toml(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let base = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        let mut problems = Problems::default();
+        let config = validate(raw, path, &base, &mut problems);
+        if problems.0.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                problems: problems.0,
+            })
+        }
+    }
+}
+
+#[derive(Default)]
+struct Problems(Vec<String>);
+
+impl Problems {
+    fn add(&mut self, key: impl std::fmt::Display, message: impl std::fmt::Display) {
+        self.0.push(format!("{key}: {message}"));
+    }
+
+    fn duration(&mut self, key: &str, value: &str) -> Duration {
+        parse_duration(value).unwrap_or_else(|e| {
+            self.add(key, e);
+            Duration::ZERO
+        })
+    }
+}
+
+fn resolve(base: &Path, p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
+
+fn parse_tls_mode(value: &str) -> Option<TlsMode> {
+    match value {
+        "none" => Some(TlsMode::None),
+        "starttls" => Some(TlsMode::StartTls),
+        "implicit" => Some(TlsMode::Implicit),
+        _ => None,
+    }
+}
+
+fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Config {
+    let s = &raw.server;
+    if s.hostname.trim().is_empty() || s.hostname.contains(char::is_whitespace) {
+        p.add("server.hostname", "must be a host name without spaces");
+    }
+    if s.max_message_size == 0 {
+        p.add("server.max_message_size", "must be greater than 0");
+    }
+    if s.max_recipients == 0 {
+        p.add("server.max_recipients", "must be greater than 0");
+    }
+    if s.max_connections == 0 {
+        p.add("server.max_connections", "must be greater than 0");
+    }
+    let command_timeout = p.duration("server.command_timeout", &s.command_timeout);
+    let data_timeout = p.duration("server.data_timeout", &s.data_timeout);
+    let shutdown_grace = p.duration("server.shutdown_grace", &s.shutdown_grace);
+
+    if raw.listeners.is_empty() {
+        p.add("listener", "at least one [[listener]] is required");
+    }
+    let mut listeners = Vec::new();
+    for (i, l) in raw.listeners.iter().enumerate() {
+        let addr = l.addr.parse::<SocketAddr>();
+        let tls = parse_tls_mode(&l.tls);
+        if addr.is_err() {
+            p.add(
+                format!("listener[{i}].addr"),
+                format!("{:?} is not an address like 127.0.0.1:2587", l.addr),
+            );
+        }
+        if tls.is_none() {
+            p.add(
+                format!("listener[{i}].tls"),
+                format!("{:?} must be none, starttls or implicit", l.tls),
+            );
+        }
+        if let (Ok(addr), Some(tls)) = (addr, tls) {
+            if tls != TlsMode::None && raw.tls.is_none() {
+                p.add(
+                    format!("listener[{i}].tls"),
+                    "needs a [tls] section with cert and key",
+                );
+            }
+            listeners.push(Listener { addr, tls });
+        }
+    }
+
+    let tls = raw.tls.as_ref().map(|t| TlsFiles {
+        cert: resolve(base, &t.cert),
+        key: resolve(base, &t.key),
+    });
+    if let Some(files) = &tls
+        && let Err(e) = crate::server::tls::load_server_config(files)
+    {
+        p.add("tls", e);
+    }
+
+    let mut users = Vec::new();
+    for (i, u) in raw.users.iter().enumerate() {
+        if u.name.is_empty() {
+            p.add(format!("user[{i}].name"), "must not be empty");
+        }
+        if raw.users[..i].iter().any(|o| o.name == u.name) {
+            p.add(
+                format!("user[{i}].name"),
+                format!("{:?} is defined twice", u.name),
+            );
+        }
+        if u.workspace.trim().is_empty() {
+            p.add(format!("user[{i}].workspace"), "must not be empty");
+        }
+        if let Err(e) = crate::auth::check_password_hash(&u.password_hash) {
+            p.add(format!("user[{i}].password_hash"), e);
+        }
+        let allowed_senders = u.allowed_senders.as_ref().map(|list| {
+            list.iter()
+                .enumerate()
+                .filter_map(|(j, pat)| match SenderPattern::parse(pat) {
+                    Ok(pat) => Some(pat),
+                    Err(e) => {
+                        p.add(format!("user[{i}].allowed_senders[{j}]"), e);
+                        None
+                    }
+                })
+                .collect()
+        });
+        users.push(User {
+            name: u.name.clone(),
+            password_hash: u.password_hash.clone(),
+            workspace: u.workspace.clone(),
+            allowed_senders,
+        });
+    }
+
+    let mut trusted_networks = Vec::new();
+    for (i, t) in raw.trusted_networks.iter().enumerate() {
+        if t.workspace.trim().is_empty() {
+            p.add(
+                format!("trusted_network[{i}].workspace"),
+                "must not be empty",
+            );
+        }
+        match Cidr::parse(&t.cidr) {
+            Ok(cidr) => trusted_networks.push(TrustedNetwork {
+                cidr,
+                workspace: t.workspace.clone(),
+            }),
+            Err(e) => p.add(format!("trusted_network[{i}].cidr"), e),
+        }
+    }
+    if users.is_empty() && trusted_networks.is_empty() {
+        p.add(
+            "user",
+            "no [[user]] and no [[trusted_network]]: nobody could submit",
+        );
+    }
+
+    let retention = p.duration("idempotency.retention", &raw.idempotency.retention);
+    if retention.is_zero() {
+        p.add("idempotency.retention", "must be greater than 0");
+    }
+    let purge_interval = p.duration(
+        "idempotency.purge_interval",
+        &raw.idempotency.purge_interval,
+    );
+
+    let r = &raw.relay;
+    let relay = match r.mode.as_str() {
+        "file" => match &r.dir {
+            Some(dir) => Relay::File {
+                dir: resolve(base, dir),
+            },
+            None => {
+                p.add("relay.dir", "required when relay.mode = \"file\"");
+                Relay::Mx
+            }
+        },
+        "smarthost" => {
+            let tls = r
+                .tls
+                .as_deref()
+                .map_or(Some(TlsMode::StartTls), parse_tls_mode);
+            if tls.is_none() {
+                p.add("relay.tls", "must be none, starttls or implicit");
+            }
+            match &r.smarthost {
+                Some(host) => Relay::Smarthost {
+                    host: host.clone(),
+                    tls: tls.unwrap_or(TlsMode::StartTls),
+                    username: r.username.clone(),
+                    password: r.password.clone(),
+                },
+                None => {
+                    p.add(
+                        "relay.smarthost",
+                        "required when relay.mode = \"smarthost\"",
+                    );
+                    Relay::Mx
+                }
+            }
+        }
+        "mx" => Relay::Mx,
+        other => {
+            p.add(
+                "relay.mode",
+                format!("{other:?} must be file, smarthost or mx"),
+            );
+            Relay::Mx
+        }
+    };
+
+    Config {
+        path: path.to_path_buf(),
+        hostname: s.hostname.clone(),
+        data_dir: resolve(base, &s.data_dir),
+        max_message_size: usize::try_from(s.max_message_size).unwrap_or(usize::MAX),
+        max_recipients: s.max_recipients,
+        max_connections: s.max_connections,
+        command_timeout,
+        data_timeout,
+        max_bad_commands: s.max_bad_commands,
+        shutdown_grace,
+        listeners,
+        tls,
+        allow_plaintext_auth: raw.auth.allow_plaintext,
+        users,
+        trusted_networks,
+        retention,
+        purge_interval,
+        relay,
+    }
+}
+
+/// Parses `90s`, `5m`, `3h`, `2d`, `250ms`, or a combination such as `1h30m`.
+pub fn parse_duration(value: &str) -> Result<Duration, String> {
+    let v = value.trim();
+    if v.is_empty() {
+        return Err("empty duration (use e.g. 30s, 5m, 3h)".into());
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = v;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(format!("{value:?} is not a duration like 30s, 5m or 3h"));
+        }
+        let n: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("{value:?}: number too large"))?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let part = match unit {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "h" => Duration::from_secs(n * 3600),
+            "d" => Duration::from_secs(n * 86400),
+            _ => return Err(format!("{value:?}: unit must be ms, s, m, h or d")),
+        };
+        total += part;
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("3h"), Ok(Duration::from_secs(10800)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("3 hours").is_err());
+        assert!(parse_duration("h").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn problems_are_reported_by_key() {
+        let text = r#"
+[server]
+hostname = "relay.test"
+data_dir = "data"
+command_timeout = "soon"
+
+[[listener]]
+addr = "nowhere"
+tls = "starttls"
+
+[[user]]
+name = "a"
+password_hash = "plain"
+workspace = "w"
+allowed_senders = ["@@"]
+
+[relay]
+mode = "pigeon"
+"#;
+        let err = Config::from_toml(Path::new("/tmp/x.toml"), text).unwrap_err();
+        let ConfigError::Invalid { problems, .. } = err else {
+            panic!("expected Invalid, got {err}");
+        };
+        let keys: Vec<&str> = problems
+            .iter()
+            .map(|p| p.split(':').next().unwrap_or(""))
+            .collect();
+        for key in [
+            "server.command_timeout",
+            "listener[0].addr",
+            "user[0].password_hash",
+            "user[0].allowed_senders[0]",
+            "relay.mode",
+        ] {
+            assert!(keys.contains(&key), "{key} missing from {problems:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let text = "[server]\nhostname = \"h\"\ndata_dir = \"d\"\nmax_mesage_size = 1\n";
+        let err = Config::from_toml(Path::new("x.toml"), text).unwrap_err();
+        assert!(err.to_string().contains("max_mesage_size"), "{err}");
+    }
+}

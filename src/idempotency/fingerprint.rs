@@ -1,0 +1,847 @@
+//! Message fingerprint: SHA-256 over the envelope and the content (SPEC
+//! section 3). Two submissions with the same idempotency key are the same
+//! message exactly when their fingerprints are equal.
+//!
+//! What counts:
+//! - the reverse-path exactly as given (case preserved);
+//! - the *set* of recipients (sorted and deduplicated, compared exactly);
+//! - the content byte for byte, except the MIME multipart structure: for a
+//!   `multipart/*` message (nested multiparts too) the boundary string and the
+//!   order of the parts do not count. Everything else does: every header
+//!   (whitespace included, only the boundary parameter's value is left out),
+//!   preamble, epilogue, delimiter transport padding and every part's bytes.
+//!
+//! Framing: each hash input starts with a tag and every variable-length field
+//! is preceded by its length (u64, little endian), so different inputs cannot
+//! feed the same byte stream to the hasher by shifting bytes between fields.
+
+use mail_parser::{Message, MessageParser, MimeHeaders, PartType};
+use sha2::{Digest, Sha256};
+
+use super::key::{field_spans, top_level_headers};
+
+pub type Fingerprint = [u8; 32];
+
+/// Bump when anything below changes: stored fingerprints become incomparable.
+const VERSION_TAG: &[u8] = b"smtp-once-fp-v1";
+
+/// Content hashed byte for byte.
+const CONTENT_RAW: u8 = 0;
+/// Content hashed through the canonical MIME tree.
+const CONTENT_MIME: u8 = 1;
+/// Canonical hash of a non-multipart MIME part (message/rfc822 included).
+const NODE_LEAF: u8 = 2;
+/// Canonical hash of a multipart MIME part.
+const NODE_MULTIPART: u8 = 3;
+
+/// Deeper multipart nesting is hashed raw: it bounds our recursion on hostile
+/// input (mail-parser itself does not limit multipart depth) and real mail
+/// never comes close.
+const MAX_MIME_DEPTH: usize = 32;
+
+/// SHA-256 over the envelope and the content (SPEC section 3).
+pub fn fingerprint(reverse_path: &str, recipients: &[String], content: &[u8]) -> Fingerprint {
+    let mut h = Sha256::new();
+    put(&mut h, VERSION_TAG);
+    put(&mut h, reverse_path.as_bytes());
+
+    let mut rcpts: Vec<&str> = recipients.iter().map(String::as_str).collect();
+    rcpts.sort_unstable();
+    rcpts.dedup();
+    put_len(&mut h, rcpts.len());
+    for r in rcpts {
+        put(&mut h, r.as_bytes());
+    }
+
+    match canonical_mime_hash(content) {
+        Some(root) => {
+            h.update([CONTENT_MIME]);
+            h.update(root);
+        }
+        None => {
+            h.update([CONTENT_RAW]);
+            put(&mut h, content);
+        }
+    }
+    h.finalize().into()
+}
+
+/// Canonical hash of a multipart message, or `None` when the content is to be
+/// hashed raw: not multipart (the fast path: no MIME parsing at all), or
+/// mail-parser's view of it is not a clean tree of byte ranges covering the
+/// whole message (malformed input). Falling back to raw bytes only ever makes
+/// fingerprints *more* sensitive, never lets two different messages match.
+fn canonical_mime_hash(content: &[u8]) -> Option<[u8; 32]> {
+    if !is_multipart(content) {
+        return None;
+    }
+    let msg = MessageParser::default().parse(content)?;
+    let root = msg.parts.first()?;
+    if root.offset_header != 0 || !matches!(root.body, PartType::Multipart(_)) {
+        return None;
+    }
+    Canon {
+        msg: &msg,
+        raw: content,
+    }
+    .node(0, content.len(), 0)
+}
+
+/// Whether a top-level Content-Type is `multipart/...`.
+fn is_multipart(content: &[u8]) -> bool {
+    top_level_headers(content).any(|(name, value)| {
+        name.eq_ignore_ascii_case(b"Content-Type")
+            && value
+                .trim_ascii_start()
+                .get(..b"multipart/".len())
+                .is_some_and(|t| t.eq_ignore_ascii_case(b"multipart/"))
+    })
+}
+
+struct Canon<'m, 'x> {
+    msg: &'m Message<'x>,
+    raw: &'x [u8],
+}
+
+impl Canon<'_, '_> {
+    /// Canonical hash of part `id`, whose bytes are `raw[offset_header..end]`.
+    ///
+    /// mail-parser's offsets (verified by experiment and its source, 0.11.9):
+    /// `offset_header` is just after the delimiter line (after transport
+    /// padding and its CRLF); `offset_body` is just after the empty line ending
+    /// the part's headers; for a leaf, message/rfc822 or nested multipart,
+    /// `offset_end` is the start of the CRLF that precedes the next delimiter
+    /// (that CRLF belongs to the delimiter, RFC 2046), whether the next
+    /// delimiter is `--B` or the close `--B--`. So a part's bytes do not depend
+    /// on its position, and everything between two parts (CRLF, delimiter,
+    /// padding, CRLF), before the first part (preamble) and after the last
+    /// (close delimiter, epilogue) is a "gap" hashed in position order with
+    /// the boundary string cut out. The root's own `offset_end` is not used:
+    /// the root always extends to the end of the message.
+    fn node(&self, id: usize, end: usize, depth: usize) -> Option<[u8; 32]> {
+        let part = self.msg.parts.get(id)?;
+        let body_start = part.offset_body as usize;
+        let header = self.raw.get(part.offset_header as usize..body_start)?;
+        let body = self.raw.get(body_start..end)?;
+
+        let mut h = Sha256::new();
+        let PartType::Multipart(children) = &part.body else {
+            h.update([NODE_LEAF]);
+            put(&mut h, header);
+            put(&mut h, body);
+            return Some(h.finalize().into());
+        };
+
+        if depth >= MAX_MIME_DEPTH {
+            return None;
+        }
+        let boundary = part.content_type()?.attribute("boundary")?.as_bytes();
+        if boundary.is_empty() {
+            return None;
+        }
+
+        let mut gaps = Vec::with_capacity(children.len() + 1);
+        let mut hashes = Vec::with_capacity(children.len());
+        let mut cursor = body_start;
+        let mut prev = id;
+        for &child in children {
+            let child = child as usize;
+            // Ids are assigned in document order, so children of a sane tree
+            // have strictly increasing ids above the parent's; checking it
+            // also rules out cycles.
+            if child <= prev {
+                return None;
+            }
+            prev = child;
+            let c = self.msg.parts.get(child)?;
+            let (c_start, c_end) = (c.offset_header as usize, c.offset_end as usize);
+            // Children must tile the body in order, inside the parent.
+            if c_end > end {
+                return None;
+            }
+            gaps.push(self.raw.get(cursor..c_start)?);
+            hashes.push(self.node(child, c_end, depth + 1)?);
+            cursor = c_end;
+        }
+        gaps.push(self.raw.get(cursor..end)?);
+        // The order of the parts does not count.
+        hashes.sort_unstable();
+
+        h.update([NODE_MULTIPART]);
+        put_header_without_boundary(&mut h, header, boundary)?;
+        put_len(&mut h, hashes.len());
+        let mut delimiter = Vec::with_capacity(boundary.len() + 2);
+        delimiter.extend_from_slice(b"--");
+        delimiter.extend_from_slice(boundary);
+        for gap in gaps {
+            put_split(&mut h, gap, &delimiter);
+        }
+        for child in hashes {
+            h.update(child);
+        }
+        Some(h.finalize().into())
+    }
+}
+
+/// Hashes a multipart part's header bytes with the value of the boundary
+/// parameter of Content-Type cut out: `boundary="abc"`, `boundary="xyz"` and
+/// `boundary=xyz` all hash as `boundary=`. Only a value equal to the boundary
+/// mail-parser actually used is cut, so no other parameter can be ignored.
+fn put_header_without_boundary(h: &mut Sha256, header: &[u8], boundary: &[u8]) -> Option<()> {
+    let mut cuts = Vec::new();
+    for field in field_spans(header) {
+        if header
+            .get(field.name.clone())?
+            .eq_ignore_ascii_case(b"Content-Type")
+        {
+            boundary_values(
+                header,
+                field.value.start,
+                field.value.end,
+                boundary,
+                &mut cuts,
+            )?;
+        }
+    }
+    put_len(h, cuts.len() + 1);
+    let mut pos = 0;
+    for (start, end) in cuts {
+        put(h, header.get(pos..start)?);
+        pos = end;
+    }
+    put(h, header.get(pos..)?);
+    Some(())
+}
+
+/// Appends to `cuts` the ranges (absolute in `buf`) of every `boundary`
+/// parameter value in the Content-Type value `buf[start..end]` that equals
+/// `boundary` (quoted-string compared unescaped). Quoted strings and comments
+/// are skipped, so `name="x;boundary=y"` is not mistaken for a parameter.
+fn boundary_values(
+    buf: &[u8],
+    start: usize,
+    end: usize,
+    boundary: &[u8],
+    cuts: &mut Vec<(usize, usize)>,
+) -> Option<()> {
+    let v = buf.get(start..end)?;
+    let at = |i: usize| v.get(i).copied();
+    let skip_fws = |mut i: usize| {
+        while matches!(at(i), Some(b' ' | b'\t' | b'\r' | b'\n')) {
+            i += 1;
+        }
+        i
+    };
+    let mut i = 0;
+    while let Some(b) = at(i) {
+        match b {
+            b'"' => i = skip_quoted(v, i).1,
+            b'(' => i = skip_comment(v, i),
+            b';' => {
+                let name_start = skip_fws(i + 1);
+                let mut j = name_start;
+                while at(j).is_some_and(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_') {
+                    j += 1;
+                }
+                let is_boundary = v
+                    .get(name_start..j)
+                    .is_some_and(|n| n.eq_ignore_ascii_case(b"boundary"));
+                i = j;
+                if !is_boundary {
+                    continue;
+                }
+                let eq = skip_fws(j);
+                if at(eq) != Some(b'=') {
+                    continue;
+                }
+                let value_start = skip_fws(eq + 1);
+                let (value, value_end) = if at(value_start) == Some(b'"') {
+                    skip_quoted(v, value_start)
+                } else {
+                    let mut k = value_start;
+                    while at(k).is_some_and(|c| {
+                        !c.is_ascii_whitespace() && !c.is_ascii_control() && !b";(\"".contains(&c)
+                    }) {
+                        k += 1;
+                    }
+                    (v.get(value_start..k)?.to_vec(), k)
+                };
+                if value == boundary {
+                    cuts.push((start + value_start, start + value_end));
+                }
+                i = value_end;
+            }
+            _ => i += 1,
+        }
+    }
+    Some(())
+}
+
+/// Skips the quoted-string starting at `v[open] == '"'`; returns its unescaped
+/// content and the index after the closing quote (or `v.len()` if unclosed).
+fn skip_quoted(v: &[u8], open: usize) -> (Vec<u8>, usize) {
+    let mut out = Vec::new();
+    let mut i = open + 1;
+    while let Some(&b) = v.get(i) {
+        match b {
+            b'"' => return (out, i + 1),
+            b'\\' => {
+                if let Some(&e) = v.get(i + 1) {
+                    out.push(e);
+                }
+                i += 2;
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    (out, v.len())
+}
+
+/// Skips the (nestable) comment starting at `v[open] == '('`.
+fn skip_comment(v: &[u8], open: usize) -> usize {
+    let mut depth = 0usize;
+    let mut i = open;
+    while let Some(&b) = v.get(i) {
+        match b {
+            b'\\' => i += 1,
+            b'(' => depth += 1,
+            b')' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    v.len()
+}
+
+/// Hashes `gap` as the list of pieces between occurrences of `delimiter`
+/// (`--` + boundary): the delimiter lines' positions and everything around
+/// them count, the boundary string does not.
+fn put_split(h: &mut Sha256, gap: &[u8], delimiter: &[u8]) {
+    let mut pieces = Vec::new();
+    let mut rest = gap;
+    while let Some(i) = find(rest, delimiter) {
+        pieces.push(rest.get(..i).unwrap_or_default());
+        rest = rest.get(i + delimiter.len()..).unwrap_or_default();
+    }
+    pieces.push(rest);
+    put_len(h, pieces.len());
+    for p in pieces {
+        put(h, p);
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() {
+        return None;
+    }
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn put(h: &mut Sha256, bytes: &[u8]) {
+    put_len(h, bytes.len());
+    h.update(bytes);
+}
+
+fn put_len(h: &mut Sha256, n: usize) {
+    h.update((n as u64).to_le_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rcpts(r: &[&str]) -> Vec<String> {
+        r.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn fp(content: &str) -> Fingerprint {
+        fingerprint(
+            "a@example.com",
+            &rcpts(&["b@example.com"]),
+            content.as_bytes(),
+        )
+    }
+
+    /// Asserts the message goes through the canonical MIME path, so that the
+    /// tests below cannot pass by accident through the raw fallback.
+    fn assert_mime(content: &str) {
+        assert!(
+            canonical_mime_hash(content.as_bytes()).is_some(),
+            "expected the MIME path for {content:?}"
+        );
+    }
+
+    /// A multipart message with `boundary` around `parts` (each part is its
+    /// headers, an empty line and its body).
+    fn multipart(ctype: &str, boundary: &str, parts: &[&str]) -> String {
+        let mut m = format!(
+            "From: a@example.com\r\nSubject: test\r\nMIME-Version: 1.0\r\n\
+             Content-Type: {ctype}; boundary=\"{boundary}\"\r\n\r\n\
+             This is a MIME message.\r\n"
+        );
+        for p in parts {
+            m.push_str(&format!("--{boundary}\r\n{p}\r\n"));
+        }
+        m.push_str(&format!("--{boundary}--\r\nepilogue\r\n"));
+        m
+    }
+
+    /// A nested multipart part (no trailing CRLF: the caller adds it).
+    fn nested(boundary: &str, parts: &[&str]) -> String {
+        let mut m = format!("Content-Type: multipart/alternative; boundary={boundary}\r\n\r\n");
+        for p in parts {
+            m.push_str(&format!("--{boundary}\r\n{p}\r\n"));
+        }
+        m.push_str(&format!("--{boundary}--"));
+        m
+    }
+
+    const P1: &str = "Content-Type: text/plain; charset=utf-8\r\n\r\nHello, world.\r\nSecond line.";
+    const P2: &str = "Content-Type: text/html\r\n\r\n<p>Hello</p>\r\n";
+    const P3: &str = "Content-Type: application/pdf; name=\"a.pdf\"\r\n\
+                      Content-Disposition: attachment; filename=\"a.pdf\"\r\n\
+                      Content-Transfer-Encoding: base64\r\n\r\nJVBERi0xLjQK\r\nAAAA";
+    const MSG: &str = "Content-Type: message/rfc822\r\n\r\nSubject: inner\r\n\r\ninner body";
+
+    #[test]
+    fn sha2_output_is_32_bytes_and_stable() {
+        let a = fp("Subject: x\r\n\r\nbody");
+        assert_eq!(a, fp("Subject: x\r\n\r\nbody"));
+        assert_ne!(a, [0u8; 32]);
+    }
+
+    #[test]
+    fn recipient_order_and_duplicates_irrelevant() {
+        let c = b"Subject: x\r\n\r\nbody";
+        let a = fingerprint("s@x", &rcpts(&["a@x", "b@x", "c@x"]), c);
+        assert_eq!(a, fingerprint("s@x", &rcpts(&["c@x", "a@x", "b@x"]), c));
+        assert_eq!(
+            a,
+            fingerprint("s@x", &rcpts(&["b@x", "a@x", "c@x", "a@x"]), c)
+        );
+    }
+
+    #[test]
+    fn recipient_set_matters() {
+        let c = b"Subject: x\r\n\r\nbody";
+        let a = fingerprint("s@x", &rcpts(&["a@x", "b@x"]), c);
+        assert_ne!(a, fingerprint("s@x", &rcpts(&["a@x"]), c));
+        assert_ne!(a, fingerprint("s@x", &rcpts(&["a@x", "b@x", "c@x"]), c));
+        // Compared exactly: case counts.
+        assert_ne!(a, fingerprint("s@x", &rcpts(&["A@x", "b@x"]), c));
+        // Framing: moving bytes between recipients is a different set.
+        assert_ne!(
+            fingerprint("s@x", &rcpts(&["ab", "c"]), c),
+            fingerprint("s@x", &rcpts(&["a", "bc"]), c)
+        );
+    }
+
+    #[test]
+    fn reverse_path_matters() {
+        let c = b"Subject: x\r\n\r\nbody";
+        let r = rcpts(&["a@x"]);
+        assert_ne!(fingerprint("s@x", &r, c), fingerprint("S@x", &r, c));
+        assert_ne!(fingerprint("s@x", &r, c), fingerprint("", &r, c));
+        // Framing between reverse-path and recipients.
+        assert_ne!(
+            fingerprint("s@x", &rcpts(&["a@x"]), c),
+            fingerprint("s@xa@x", &[], c)
+        );
+    }
+
+    #[test]
+    fn plain_content_any_byte_counts() {
+        let a = fp("Subject: hello\r\n\r\nbody\r\n");
+        assert_ne!(a, fp("Subject:  hello\r\n\r\nbody\r\n"));
+        assert_ne!(a, fp("Subject: hello \r\n\r\nbody\r\n"));
+        assert_ne!(a, fp("subject: hello\r\n\r\nbody\r\n"));
+        assert_ne!(a, fp("Subject: hello\r\n\r\nbody"));
+        assert_ne!(a, fp("Subject: hello\r\n\r\nBody\r\n"));
+    }
+
+    #[test]
+    fn multipart_header_whitespace_counts() {
+        let a = fp(&multipart("multipart/mixed", "B1", &[P1, P2]));
+        let top = multipart("multipart/mixed", "B1", &[P1, P2])
+            .replace("Subject: test", "Subject:  test");
+        assert_ne!(a, fp(&top));
+        let ctype = multipart("multipart/mixed", "B1", &[P1, P2])
+            .replace("mixed; boundary", "mixed;  boundary");
+        assert_ne!(a, fp(&ctype));
+        let part_hdr = P1.replace("text/plain;", "text/plain; ");
+        assert_ne!(a, fp(&multipart("multipart/mixed", "B1", &[&part_hdr, P2])));
+    }
+
+    #[test]
+    fn boundary_rename_same() {
+        let a = fp(&multipart("multipart/mixed", "abc", &[P1, P2, P3]));
+        assert_eq!(
+            a,
+            fp(&multipart("multipart/mixed", "xyz-123456", &[P1, P2, P3]))
+        );
+        // Quoted or not is part of writing the boundary.
+        let unquoted = multipart("multipart/mixed", "abc", &[P1, P2, P3])
+            .replace("boundary=\"abc\"", "boundary=abc");
+        assert_eq!(a, fp(&unquoted));
+        // Folded Content-Type, boundary on the continuation line.
+        let folded = |b: &str| {
+            multipart("multipart/mixed", b, &[P1, P2])
+                .replace("mixed; boundary", "mixed;\r\n\tboundary")
+        };
+        assert_eq!(fp(&folded("one")), fp(&folded("two")));
+        // But the rest of the Content-Type header still counts.
+        assert_ne!(a, fp(&multipart("multipart/related", "abc", &[P1, P2, P3])));
+    }
+
+    #[test]
+    fn boundary_rename_nested_same() {
+        let a = fp(&multipart(
+            "multipart/mixed",
+            "outer1",
+            &[&nested("in1", &[P1, P2]), P3],
+        ));
+        let b = fp(&multipart(
+            "multipart/mixed",
+            "outer2",
+            &[&nested("in2", &[P1, P2]), P3],
+        ));
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn test_messages_take_the_mime_path() {
+        assert_mime(&multipart("multipart/mixed", "B", &[P1, P2, P3, MSG]));
+        assert_mime(&multipart(
+            "multipart/mixed",
+            "B",
+            &[&nested("N", &[P1, P2]), P3],
+        ));
+        assert_mime(&multipart("multipart/mixed", "B", &[P1]));
+        let empty_parts = ["Content-Type: text/plain\r\n\r\n", "\r\njust body"];
+        assert_mime(&multipart("multipart/mixed", "B", &empty_parts));
+        // Non-multipart content never gets parsed.
+        assert!(canonical_mime_hash(b"Content-Type: text/plain\r\n\r\n--B\r\n").is_none());
+        assert!(canonical_mime_hash(b"Subject: x\r\n\r\nbody").is_none());
+    }
+
+    #[test]
+    fn reorder_lf_only_same() {
+        let a = multipart("multipart/mixed", "B", &[P1, P2, MSG]).replace("\r\n", "\n");
+        let b = multipart("multipart/mixed", "C", &[MSG, P1, P2]).replace("\r\n", "\n");
+        assert_mime(&a);
+        assert_eq!(fp(&a), fp(&b));
+        // LF-only and CRLF versions are different bytes.
+        assert_ne!(
+            fp(&a),
+            fp(&multipart("multipart/mixed", "B", &[P1, P2, MSG]))
+        );
+    }
+
+    #[test]
+    fn reorder_two_parts_same() {
+        assert_eq!(
+            fp(&multipart("multipart/mixed", "B", &[P1, P2])),
+            fp(&multipart("multipart/mixed", "B", &[P2, P1]))
+        );
+    }
+
+    #[test]
+    fn reorder_three_parts_same() {
+        let a = fp(&multipart("multipart/mixed", "B", &[P1, P2, P3]));
+        // The last part moves to the middle and to the front, and back.
+        assert_eq!(a, fp(&multipart("multipart/mixed", "B", &[P1, P3, P2])));
+        assert_eq!(a, fp(&multipart("multipart/mixed", "B", &[P3, P1, P2])));
+        assert_eq!(a, fp(&multipart("multipart/mixed", "C", &[P2, P3, P1])));
+        // Different from the plain concatenation of the same bytes.
+        assert_ne!(a, fp(&multipart("multipart/mixed", "B", &[P1, P2])));
+    }
+
+    #[test]
+    fn reorder_parts_ending_in_crlf_or_empty() {
+        let ends_crlf = "Content-Type: text/plain\r\n\r\nline\r\n\r\n";
+        let empty = "Content-Type: text/plain\r\n\r\n";
+        let no_headers = "\r\njust body";
+        let a = fp(&multipart(
+            "multipart/mixed",
+            "B",
+            &[ends_crlf, empty, no_headers],
+        ));
+        assert_eq!(
+            a,
+            fp(&multipart(
+                "multipart/mixed",
+                "B",
+                &[no_headers, ends_crlf, empty]
+            ))
+        );
+        assert_eq!(
+            a,
+            fp(&multipart(
+                "multipart/mixed",
+                "B",
+                &[empty, no_headers, ends_crlf]
+            ))
+        );
+    }
+
+    #[test]
+    fn reorder_message_rfc822_part_same() {
+        let a = fp(&multipart("multipart/mixed", "B", &[P1, MSG, P2]));
+        assert_eq!(a, fp(&multipart("multipart/mixed", "B", &[P1, P2, MSG])));
+        assert_eq!(a, fp(&multipart("multipart/mixed", "B", &[MSG, P2, P1])));
+        let changed = MSG.replace("inner body", "inner bodY");
+        assert_ne!(
+            a,
+            fp(&multipart("multipart/mixed", "B", &[P1, &changed, P2]))
+        );
+    }
+
+    #[test]
+    fn reorder_nested_same() {
+        let n12 = nested("N", &[P1, P2]);
+        let n21 = nested("N", &[P2, P1]);
+        let a = fp(&multipart("multipart/mixed", "B", &[&n12, P3]));
+        // Inside the nested part.
+        assert_eq!(a, fp(&multipart("multipart/mixed", "B", &[&n21, P3])));
+        // The nested part itself moves last, with its children reordered too.
+        assert_eq!(a, fp(&multipart("multipart/mixed", "B", &[P3, &n21])));
+        // Three levels, reordered at every level.
+        let deep_a = nested("D", &[P1, &nested("E", &[P2, P3])]);
+        let deep_b = nested("D2", &[&nested("E2", &[P3, P2]), P1]);
+        assert_eq!(
+            fp(&multipart("multipart/mixed", "B", &[&deep_a, MSG])),
+            fp(&multipart("multipart/mixed", "C", &[MSG, &deep_b]))
+        );
+        // A part moved from the nested level to the top level is different.
+        assert_ne!(
+            a,
+            fp(&multipart(
+                "multipart/mixed",
+                "B",
+                &[&nested("N", &[P1]), P2, P3]
+            ))
+        );
+    }
+
+    #[test]
+    fn part_content_byte_change_differs() {
+        let a = fp(&multipart("multipart/mixed", "B", &[P1, P2, P3]));
+        let p2 = P2.replace("Hello", "Hellp");
+        assert_ne!(a, fp(&multipart("multipart/mixed", "B", &[P1, &p2, P3])));
+        let p3 = P3.replace("AAAA", "AAAB");
+        assert_ne!(a, fp(&multipart("multipart/mixed", "B", &[P1, P2, &p3])));
+        // A trailing CRLF added to the body of a part.
+        let p1 = format!("{P1}\r\n");
+        assert_ne!(a, fp(&multipart("multipart/mixed", "B", &[&p1, P2, P3])));
+    }
+
+    #[test]
+    fn part_header_change_differs() {
+        let a = fp(&multipart("multipart/mixed", "B", &[P1, P2, P3]));
+        let p1 = P1.replace("charset=utf-8", "charset=UTF-8");
+        assert_ne!(a, fp(&multipart("multipart/mixed", "B", &[&p1, P2, P3])));
+        let p2 = P2.replace("Content-Type: text/html", "Content-Type:  text/html");
+        assert_ne!(a, fp(&multipart("multipart/mixed", "B", &[P1, &p2, P3])));
+    }
+
+    #[test]
+    fn filename_change_differs() {
+        let a = fp(&multipart("multipart/mixed", "B", &[P1, P3]));
+        let p3 = P3.replace("filename=\"a.pdf\"", "filename=\"b.pdf\"");
+        assert_ne!(a, fp(&multipart("multipart/mixed", "B", &[P1, &p3])));
+    }
+
+    #[test]
+    fn preamble_epilogue_and_padding_count() {
+        let m = multipart("multipart/mixed", "B", &[P1, P2]);
+        let a = fp(&m);
+        assert_ne!(a, fp(&m.replace("This is a MIME", "This is a mime")));
+        assert_ne!(a, fp(&m.replace("epilogue", "epilogue2")));
+        // Transport padding after a delimiter.
+        assert_ne!(a, fp(&m.replacen("--B\r\n", "--B \r\n", 2)));
+    }
+
+    #[test]
+    fn other_boundary_like_parameters_count() {
+        // Only the value of the boundary mail-parser uses is left out.
+        let a = multipart("multipart/mixed", "B", &[P1, P2]);
+        let b = a.replace("boundary=\"B\"", "boundary=\"B\"; x-boundary=\"one\"");
+        let c = a.replace("boundary=\"B\"", "boundary=\"B\"; x-boundary=\"two\"");
+        assert_ne!(fp(&b), fp(&c));
+        let d = a.replace("boundary=\"B\"", "boundary=\"B\"; name=\";boundary=one\"");
+        let e = a.replace("boundary=\"B\"", "boundary=\"B\"; name=\";boundary=two\"");
+        assert_ne!(fp(&d), fp(&e));
+    }
+
+    #[test]
+    fn multipart_without_boundary_hashed_raw() {
+        // Declared multipart without a boundary: hashed raw, still stable.
+        let m = "Content-Type: multipart/mixed\r\n\r\n--B\r\n\r\nx\r\n--B--\r\n";
+        assert_eq!(fp(m), fp(m));
+        assert_ne!(fp(m), fp(&m.replace("--B", "--C")));
+    }
+
+    #[test]
+    fn malformed_multipart_never_panics() {
+        let samples = [
+            "Content-Type: multipart/mixed; boundary=B\r\n\r\n",
+            "Content-Type: multipart/mixed; boundary=B\r\n\r\n--B",
+            "Content-Type: multipart/mixed; boundary=B\r\n\r\n--B\r\n",
+            "Content-Type: multipart/mixed; boundary=B\r\n\r\n--B--",
+            "Content-Type: multipart/mixed; boundary=B\r\n\r\n--B\r\nContent-Type: multipart/mixed; boundary=C\r\n\r\n--C\r\n--B--",
+            "Content-Type: multipart/mixed; boundary=B\r\n\r\n--B\r\nContent-Type: message/rfc822\r\n\r\n--B--",
+            "Content-Type: multipart/mixed; boundary=\"\"\r\n\r\n----\r\n",
+            "Content-Type: multipart/mixed; boundary=\"B\r\n\r\n--B\r\n",
+            "Content-Type: multipart/x; boundary=B(\r\n\r\n",
+            "Content-Type: multipart/",
+            "content-type:multipart/mixed;boundary=-\r\n\r\n---\r\n\r\n-----\r\n",
+        ];
+        for s in samples {
+            let _ = fp(s);
+        }
+    }
+
+    #[test]
+    fn deep_nesting_falls_back_without_overflow() {
+        let mut m = String::new();
+        for i in 0..200 {
+            m.push_str(&format!(
+                "Content-Type: multipart/mixed; boundary=b{i}\r\n\r\n--b{i}\r\n"
+            ));
+        }
+        m.push_str("\r\nleaf\r\n");
+        for i in (0..200).rev() {
+            m.push_str(&format!("--b{i}--\r\n"));
+        }
+        assert!(canonical_mime_hash(m.as_bytes()).is_none());
+        assert_eq!(fp(&m), fp(&m));
+    }
+
+    // ---- property tests ----
+
+    /// Safe content: no uppercase letters, so `--` + an uppercase boundary
+    /// can never appear inside a part.
+    const SAFE: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789 .,-";
+
+    #[derive(Debug, Clone)]
+    struct Part {
+        header: String,
+        body: String,
+    }
+
+    impl Part {
+        fn render(&self) -> String {
+            format!(
+                "Content-Type: text/plain\r\nX-Part:{}\r\n\r\n{}",
+                self.header, self.body
+            )
+        }
+    }
+
+    fn safe_string(min: usize, max: usize) -> impl Strategy<Value = String> {
+        proptest::collection::vec(
+            prop_oneof![
+                8 => proptest::sample::select(SAFE).prop_map(|b| (b as char).to_string()),
+                1 => Just("\r\n".to_string()),
+            ],
+            min..max,
+        )
+        .prop_map(|v| v.concat())
+    }
+
+    fn part() -> impl Strategy<Value = Part> {
+        ("[a-z0-9 ]{0,12}", safe_string(1, 40)).prop_map(|(header, body)| Part { header, body })
+    }
+
+    fn render(boundary: &str, parts: &[Part]) -> String {
+        let rendered: Vec<String> = parts.iter().map(Part::render).collect();
+        let refs: Vec<&str> = rendered.iter().map(String::as_str).collect();
+        multipart("multipart/mixed", boundary, &refs)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        #[test]
+        fn boundary_and_order_do_not_count(
+            parts in proptest::collection::vec(part(), 1..5),
+            perm_seed in proptest::collection::vec(any::<u8>(), 5),
+            b1 in "[A-Z]{1,20}",
+            b2 in "[A-Z0-9]{0,5}[A-Z]{1,20}",
+        ) {
+            let mut shuffled = parts.clone();
+            // Deterministic permutation derived from the seed.
+            let mut keyed: Vec<(u8, Part)> = perm_seed.into_iter().zip(shuffled.drain(..)).collect();
+            keyed.sort_by_key(|(k, _)| *k);
+            let shuffled: Vec<Part> = keyed.into_iter().map(|(_, p)| p).collect();
+            let original = render(&b1, &parts);
+            prop_assert!(canonical_mime_hash(original.as_bytes()).is_some());
+            prop_assert_eq!(fp(&original), fp(&render(&b2, &shuffled)));
+        }
+
+        #[test]
+        fn shuffle_with_prop_shuffle(
+            (parts, shuffled) in proptest::collection::vec(part(), 2..5)
+                .prop_flat_map(|p| (Just(p.clone()), Just(p).prop_shuffle())),
+            b in "[A-Z]{1,20}",
+        ) {
+            prop_assert_eq!(fp(&render(&b, &parts)), fp(&render(&b, &shuffled)));
+        }
+
+        #[test]
+        fn one_body_byte_counts(
+            parts in proptest::collection::vec(part(), 1..5),
+            which in any::<prop::sample::Index>(),
+            pos in any::<prop::sample::Index>(),
+            with in proptest::sample::select(SAFE),
+            b in "[A-Z]{1,20}",
+        ) {
+            let mut changed = parts.clone();
+            let p = &mut changed[which.index(parts.len())];
+            let mut bytes = p.body.clone().into_bytes();
+            let i = pos.index(bytes.len());
+            prop_assume!(bytes[i] != with);
+            bytes[i] = with;
+            p.body = String::from_utf8(bytes).expect("ascii");
+            prop_assert_ne!(fp(&render(&b, &parts)), fp(&render(&b, &changed)));
+        }
+
+        #[test]
+        fn one_header_space_counts(
+            parts in proptest::collection::vec(part(), 1..5),
+            which in any::<prop::sample::Index>(),
+            b in "[A-Z]{1,20}",
+        ) {
+            let mut changed = parts.clone();
+            changed[which.index(parts.len())].header.insert(0, ' ');
+            prop_assert_ne!(fp(&render(&b, &parts)), fp(&render(&b, &changed)));
+        }
+
+        #[test]
+        fn arbitrary_multipart_bytes_never_panic(
+            tail in proptest::collection::vec(
+                prop_oneof![
+                    Just(b"--B".to_vec()), Just(b"--B--".to_vec()), Just(b"\r\n".to_vec()),
+                    Just(b"Content-Type: multipart/mixed; boundary=C\r\n".to_vec()),
+                    Just(b"Content-Type: message/rfc822\r\n".to_vec()),
+                    Just(b"--C".to_vec()),
+                    proptest::collection::vec(any::<u8>(), 0..8),
+                ],
+                0..40,
+            )
+        ) {
+            let mut m = b"Content-Type: multipart/mixed; boundary=B\r\n\r\n".to_vec();
+            m.extend(tail.concat());
+            let _ = fingerprint("a", &[], &m);
+        }
+    }
+}

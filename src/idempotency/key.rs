@@ -1,0 +1,496 @@
+//! Extraction of the `X-Bird-Idempotency-Key` header from a raw message.
+//!
+//! This is a hand-written scanner rather than mail-parser: it runs on every
+//! accepted message, so it must be cheap (it only walks the top-level header
+//! section and allocates only for folded values) and it must be safe on
+//! arbitrary bytes (no panics: every access goes through `get` or iterators).
+//!
+//! Line endings: SMTP content should use CRLF, but a bare LF is accepted as a
+//! line ending too, so a message with LF-only line endings still has its
+//! header section end at the first empty line instead of running into the body.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+/// Longest accepted key, counted in Unicode scalar values (chars), not bytes.
+pub const MAX_KEY_CHARS: usize = 255;
+/// The header that carries the idempotency key (matched case-insensitively).
+pub const HEADER_NAME: &str = "X-Bird-Idempotency-Key";
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("X-Bird-Idempotency-Key is longer than 255 characters ({0})")]
+    TooLong(usize),
+    #[error("X-Bird-Idempotency-Key appears more than once with different values")]
+    Conflicting,
+    #[error("X-Bird-Idempotency-Key is not valid UTF-8")]
+    NotUtf8,
+}
+
+/// Extracts the idempotency key from the message's top-level header section.
+///
+/// `Ok(None)`: the header is absent or empty (no deduplication).
+/// `Ok(Some(key))`: the unfolded value with surrounding whitespace trimmed.
+///
+/// - Folding: a line break followed by SP/HT is removed, the SP/HT is kept.
+/// - Trimming: SP, HT, CR and LF around the value are removed (not other
+///   Unicode whitespace: the key is compared byte for byte afterwards).
+/// - Repeated header: fine when every non-empty occurrence has the same value,
+///   [`KeyError::Conflicting`] otherwise. Empty occurrences are ignored rather
+///   than counted as a conflict: an empty header carries no key, so it neither
+///   asks for deduplication nor contradicts a key given elsewhere.
+/// - Errors are reported for the first offending occurrence in header order.
+pub fn extract_key(message: &[u8]) -> Result<Option<String>, KeyError> {
+    let mut key: Option<Cow<'_, str>> = None;
+    for (name, raw) in top_level_headers(message) {
+        if !name.eq_ignore_ascii_case(HEADER_NAME.as_bytes()) {
+            continue;
+        }
+        let value = unfold(trim_wsp(raw));
+        if value.is_empty() {
+            continue;
+        }
+        let value = into_str(value)?;
+        let chars = value.chars().count();
+        if chars > MAX_KEY_CHARS {
+            return Err(KeyError::TooLong(chars));
+        }
+        match &key {
+            None => key = Some(value),
+            Some(prev) if *prev == value => {}
+            Some(_) => return Err(KeyError::Conflicting),
+        }
+    }
+    Ok(key.map(Cow::into_owned))
+}
+
+/// Iterates the top-level header fields: (name, raw value bytes including
+/// folding) — used by key extraction and by the fingerprint to find
+/// Content-Type.
+///
+/// The value is everything after the colon up to the line break that ends the
+/// field (folding line breaks inside are kept, nothing is trimmed). Lines that
+/// are not well-formed fields (no colon, empty name or a name with spaces or
+/// control characters, a continuation line with no field before it) are
+/// skipped. Iteration stops at the first empty line.
+pub fn top_level_headers(message: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    field_spans(message).filter_map(move |f| Some((message.get(f.name)?, message.get(f.value)?)))
+}
+
+/// Byte offset where the body starts (after the blank line), or
+/// `message.len()` if there is no blank line.
+pub fn header_section_len(message: &[u8]) -> usize {
+    let mut pos = 0;
+    while let Some(line) = next_line(message, pos) {
+        if line.content.is_empty() {
+            return line.next;
+        }
+        pos = line.next;
+    }
+    message.len()
+}
+
+/// Position of one header field inside the scanned buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FieldSpan {
+    /// The field name (trailing SP/HT before the colon excluded).
+    pub(crate) name: Range<usize>,
+    /// After the colon up to, excluding, the line break that ends the field.
+    pub(crate) value: Range<usize>,
+}
+
+/// Header fields of the header block at the start of `buf` (a whole message,
+/// or a MIME part's header bytes), as positions into `buf`.
+pub(crate) fn field_spans(buf: &[u8]) -> FieldSpans<'_> {
+    FieldSpans {
+        buf,
+        pos: 0,
+        done: false,
+    }
+}
+
+pub(crate) struct FieldSpans<'a> {
+    buf: &'a [u8],
+    /// Start of the next unread line.
+    pos: usize,
+    done: bool,
+}
+
+impl Iterator for FieldSpans<'_> {
+    type Item = FieldSpan;
+
+    fn next(&mut self) -> Option<FieldSpan> {
+        while !self.done {
+            let Some(line) = next_line(self.buf, self.pos) else {
+                self.done = true;
+                break;
+            };
+            self.pos = line.next;
+            if line.content.is_empty() {
+                // The empty line that ends the header section.
+                self.done = true;
+                break;
+            }
+            if is_wsp(self.buf.get(line.content.start)) {
+                // Continuation of a line that was not a valid field.
+                continue;
+            }
+            let Some((name, colon)) = field_name(self.buf, &line.content) else {
+                continue;
+            };
+            let mut value_end = line.content.end;
+            // Continuation lines start with SP/HT; they can never be the empty
+            // terminating line, so this agrees with `header_section_len`.
+            while is_wsp(self.buf.get(self.pos)) {
+                let Some(cont) = next_line(self.buf, self.pos) else {
+                    break;
+                };
+                value_end = cont.content.end;
+                self.pos = cont.next;
+            }
+            return Some(FieldSpan {
+                name,
+                value: colon + 1..value_end,
+            });
+        }
+        None
+    }
+}
+
+struct Line {
+    /// The line without its terminating "\n" or "\r\n".
+    content: Range<usize>,
+    /// Start of the following line (or `buf.len()`).
+    next: usize,
+}
+
+/// The line starting at `pos`, or `None` at the end of `buf`.
+fn next_line(buf: &[u8], pos: usize) -> Option<Line> {
+    let rest = buf.get(pos..).filter(|r| !r.is_empty())?;
+    let (len, next) = match rest.iter().position(|&b| b == b'\n') {
+        Some(i) => (i, pos + i + 1),
+        None => (rest.len(), buf.len()),
+    };
+    let line = rest.get(..len).unwrap_or_default();
+    let len = if line.last() == Some(&b'\r') {
+        len - 1
+    } else {
+        len
+    };
+    Some(Line {
+        content: pos..pos + len,
+        next,
+    })
+}
+
+/// Name range and colon position of a field line, if the line is a
+/// well-formed field (RFC 5322 printable ASCII name; obsolete whitespace
+/// before the colon tolerated).
+fn field_name(buf: &[u8], content: &Range<usize>) -> Option<(Range<usize>, usize)> {
+    let line = buf.get(content.clone())?;
+    let colon = line.iter().position(|&b| b == b':')?;
+    let name = line.get(..colon)?;
+    let name_len = name.len() - name.iter().rev().take_while(|&&b| is_wsp(Some(&b))).count();
+    let name = name.get(..name_len)?;
+    if name.is_empty() || !name.iter().all(|&b| (0x21..=0x7e).contains(&b)) {
+        return None;
+    }
+    Some((
+        content.start..content.start + name_len,
+        content.start + colon,
+    ))
+}
+
+fn is_wsp(b: Option<&u8>) -> bool {
+    matches!(b, Some(b' ' | b'\t'))
+}
+
+/// Trims SP, HT, CR and LF from both ends.
+fn trim_wsp(v: &[u8]) -> &[u8] {
+    let ws = |b: &u8| matches!(b, b' ' | b'\t' | b'\r' | b'\n');
+    let start = v.iter().position(|b| !ws(b)).unwrap_or(v.len());
+    let end = v.iter().rposition(|b| !ws(b)).map_or(start, |i| i + 1);
+    v.get(start..end).unwrap_or_default()
+}
+
+/// Removes folding line breaks ("\r\n" or "\n"; the SP/HT after them stays).
+/// Borrows when the value is not folded, which is the common case.
+fn unfold(v: &[u8]) -> Cow<'_, [u8]> {
+    if !v.contains(&b'\n') {
+        return Cow::Borrowed(v);
+    }
+    let mut out = Vec::with_capacity(v.len());
+    let mut bytes = v.iter().copied().peekable();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'\n' => {}
+            b'\r' if bytes.peek() == Some(&b'\n') => {}
+            _ => out.push(b),
+        }
+    }
+    Cow::Owned(out)
+}
+
+fn into_str(v: Cow<'_, [u8]>) -> Result<Cow<'_, str>, KeyError> {
+    match v {
+        Cow::Borrowed(b) => std::str::from_utf8(b)
+            .map(Cow::Borrowed)
+            .map_err(|_| KeyError::NotUtf8),
+        Cow::Owned(b) => String::from_utf8(b)
+            .map(Cow::Owned)
+            .map_err(|_| KeyError::NotUtf8),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key(msg: &str) -> Result<Option<String>, KeyError> {
+        extract_key(msg.as_bytes())
+    }
+
+    #[test]
+    fn absent() {
+        assert_eq!(key("From: a@b\r\nSubject: hi\r\n\r\nbody\r\n"), Ok(None));
+        assert_eq!(key(""), Ok(None));
+    }
+
+    #[test]
+    fn empty_is_absent() {
+        assert_eq!(key("X-Bird-Idempotency-Key:\r\n\r\n"), Ok(None));
+        assert_eq!(key("X-Bird-Idempotency-Key:   \t \r\n\r\n"), Ok(None));
+        // A whitespace-only continuation line is still empty.
+        assert_eq!(
+            key("X-Bird-Idempotency-Key: \r\n \r\nA: b\r\n\r\n"),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn simple_and_trimmed() {
+        assert_eq!(
+            key("From: a@b\r\nX-Bird-Idempotency-Key:   abc-123 \t\r\n\r\nbody"),
+            Ok(Some("abc-123".into()))
+        );
+        assert_eq!(
+            key("X-Bird-Idempotency-Key:abc\r\n\r\n"),
+            Ok(Some("abc".into()))
+        );
+        // Inner whitespace is part of the key.
+        assert_eq!(
+            key("X-Bird-Idempotency-Key: a  b\r\n\r\n"),
+            Ok(Some("a  b".into()))
+        );
+    }
+
+    #[test]
+    fn folded() {
+        assert_eq!(
+            key("X-Bird-Idempotency-Key: abc\r\n def\r\n\tghi\r\nSubject: x\r\n\r\n"),
+            Ok(Some("abc def\tghi".into()))
+        );
+        // Value starting on the continuation line.
+        assert_eq!(
+            key("X-Bird-Idempotency-Key:\r\n   abc\r\n\r\n"),
+            Ok(Some("abc".into()))
+        );
+        // LF-only line endings.
+        assert_eq!(
+            key("X-Bird-Idempotency-Key: abc\n def\n\nX-Bird-Idempotency-Key: zzz\n"),
+            Ok(Some("abc def".into()))
+        );
+    }
+
+    #[test]
+    fn case_insensitive_name() {
+        assert_eq!(
+            key("x-bird-idempotency-key: k1\r\n\r\n"),
+            Ok(Some("k1".into()))
+        );
+        assert_eq!(
+            key("X-BIRD-IDEMPOTENCY-KEY : k1\r\n\r\n"),
+            Ok(Some("k1".into()))
+        );
+        // Value is case-sensitive.
+        assert_eq!(
+            key("X-Bird-Idempotency-Key: K1\r\nx-bird-idempotency-key: k1\r\n\r\n"),
+            Err(KeyError::Conflicting)
+        );
+    }
+
+    #[test]
+    fn similar_names_ignored() {
+        assert_eq!(
+            key("X-Bird-Idempotency-Keys: a\r\nX-Bird-Idempotency: b\r\n\r\n"),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn duplicates() {
+        assert_eq!(
+            key("X-Bird-Idempotency-Key: k\r\nA: b\r\nX-Bird-Idempotency-Key:  k \r\n\r\n"),
+            Ok(Some("k".into()))
+        );
+        // Same value once folded, once not: equal after unfolding.
+        assert_eq!(
+            key("X-Bird-Idempotency-Key: a b\r\nX-Bird-Idempotency-Key: a\r\n b\r\n\r\n"),
+            Ok(Some("a b".into()))
+        );
+        assert_eq!(
+            key("X-Bird-Idempotency-Key: k\r\nX-Bird-Idempotency-Key: j\r\n\r\n"),
+            Err(KeyError::Conflicting)
+        );
+        // Empty occurrences are ignored, not a conflict.
+        assert_eq!(
+            key("X-Bird-Idempotency-Key:\r\nX-Bird-Idempotency-Key: k\r\n\r\n"),
+            Ok(Some("k".into()))
+        );
+    }
+
+    #[test]
+    fn length_counts_chars() {
+        let ok = "é".repeat(MAX_KEY_CHARS);
+        assert_eq!(
+            key(&format!("X-Bird-Idempotency-Key: {ok}\r\n\r\n")),
+            Ok(Some(ok.clone()))
+        );
+        let ok = "日".repeat(MAX_KEY_CHARS);
+        assert_eq!(ok.len(), 3 * MAX_KEY_CHARS);
+        assert_eq!(
+            key(&format!("X-Bird-Idempotency-Key: {ok}\r\n\r\n")),
+            Ok(Some(ok.clone()))
+        );
+        let long = "日".repeat(MAX_KEY_CHARS + 1);
+        assert_eq!(
+            key(&format!("X-Bird-Idempotency-Key: {long}\r\n\r\n")),
+            Err(KeyError::TooLong(256))
+        );
+        // Surrounding whitespace does not count.
+        let ascii = "a".repeat(MAX_KEY_CHARS);
+        assert_eq!(
+            key(&format!("X-Bird-Idempotency-Key:    {ascii}   \r\n\r\n")),
+            Ok(Some(ascii))
+        );
+    }
+
+    #[test]
+    fn not_utf8() {
+        assert_eq!(
+            extract_key(b"X-Bird-Idempotency-Key: ab\xff\xfe\r\n\r\n"),
+            Err(KeyError::NotUtf8)
+        );
+        // Invalid bytes in other headers or in the body do not matter.
+        assert_eq!(
+            extract_key(b"Subject: \xff\r\nX-Bird-Idempotency-Key: k\r\n\r\n\xff"),
+            Ok(Some("k".into()))
+        );
+    }
+
+    #[test]
+    fn only_top_level_headers() {
+        let msg = "Content-Type: multipart/mixed; boundary=B\r\n\
+                   \r\n\
+                   --B\r\n\
+                   X-Bird-Idempotency-Key: inner\r\n\
+                   \r\n\
+                   body\r\n\
+                   X-Bird-Idempotency-Key: body-line\r\n\
+                   --B--\r\n";
+        assert_eq!(key(msg), Ok(None));
+        assert_eq!(key("A: b\r\n\r\nX-Bird-Idempotency-Key: k\r\n"), Ok(None));
+        // Message that is only headers, without a blank line.
+        assert_eq!(
+            key("A: b\r\nX-Bird-Idempotency-Key: k"),
+            Ok(Some("k".into()))
+        );
+    }
+
+    #[test]
+    fn malformed_lines_skipped() {
+        assert_eq!(
+            key(
+                " orphan continuation\r\nno colon here\r\n: empty name\r\nbad name: x\r\nX-Bird-Idempotency-Key: k\r\n\r\n"
+            ),
+            Ok(Some("k".into()))
+        );
+    }
+
+    #[test]
+    fn header_helpers() {
+        let msg = b"A: 1\r\nB:\r\n two\r\n\r\nbody";
+        let fields: Vec<_> = top_level_headers(msg).collect();
+        assert_eq!(
+            fields,
+            vec![(&b"A"[..], &b" 1"[..]), (&b"B"[..], &b"\r\n two"[..])]
+        );
+        assert_eq!(header_section_len(msg), msg.len() - 4);
+        assert_eq!(header_section_len(b"A: 1\n\nbody"), 6);
+        assert_eq!(header_section_len(b"A: 1\r\n"), 6);
+        assert_eq!(header_section_len(b"\r\nbody"), 2);
+        assert_eq!(header_section_len(b""), 0);
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let samples: [&[u8]; 10] = [
+            b"",
+            b"\r",
+            b"\n",
+            b"\r\n\r\n",
+            b":",
+            b"\xff\xfe\xfd",
+            b"X-Bird-Idempotency-Key:\r",
+            b"X-Bird-Idempotency-Key:\r\n \r",
+            b" \t\r\n\t",
+            b"X-Bird-Idempotency-Key: \xc3",
+        ];
+        for s in samples {
+            let _ = extract_key(s);
+            let _ = header_section_len(s);
+            let _ = top_level_headers(s).count();
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = extract_key(&bytes);
+            let len = header_section_len(&bytes);
+            prop_assert!(len <= bytes.len());
+            for (name, value) in top_level_headers(&bytes) {
+                prop_assert!(!name.is_empty());
+                prop_assert!(value.len() <= bytes.len());
+            }
+        }
+
+        #[test]
+        fn header_like_bytes_never_panic(
+            lines in proptest::collection::vec("[ \t]?[A-Za-z:-]{0,30}[ \t:]{0,3}[\\x00-\\x7f]{0,20}(\r\n|\n|\r)?", 0..12)
+        ) {
+            let msg = lines.concat();
+            let _ = extract_key(msg.as_bytes());
+            prop_assert!(header_section_len(msg.as_bytes()) <= msg.len());
+        }
+
+        #[test]
+        fn key_round_trips(
+            key in "[!-~]([ -~]{0,40}[!-~])?",
+            before in proptest::collection::vec("[A-Z][a-z]{0,8}: [ -~]{0,20}", 0..4),
+            after in proptest::collection::vec("[A-Z][a-z]{0,8}: [ -~]{0,20}", 0..4),
+        ) {
+            let mut msg = String::new();
+            for h in &before { msg.push_str(h); msg.push_str("\r\n"); }
+            msg.push_str("X-Bird-Idempotency-Key: ");
+            msg.push_str(&key);
+            msg.push_str("\r\n");
+            for h in &after { msg.push_str(h); msg.push_str("\r\n"); }
+            msg.push_str("\r\nX-Bird-Idempotency-Key: body\r\n");
+            prop_assert_eq!(extract_key(msg.as_bytes()), Ok(Some(key)));
+        }
+    }
+}

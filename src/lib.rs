@@ -1,0 +1,13 @@
+//! smtp-once: an SMTP submission relay with exactly-once acceptance.
+//!
+//! See `ARCHITECTURE.md` for the modules and the path of one message.
+
+pub mod accept;
+pub mod auth;
+pub mod cli;
+pub mod config;
+pub mod idempotency;
+pub mod server;
+pub mod smtp;
+pub mod store;
+pub mod trace;

@@ -1,0 +1,7 @@
+//! The SMTP protocol, without I/O.
+
+pub mod reply;
+pub mod session;
+
+#[cfg(test)]
+mod session_tests;

@@ -1,0 +1,163 @@
+//! Durable state behind one small trait, so a PostgreSQL backend can sit
+//! beside SQLite: the idempotency ledger and the outbound queue, always
+//! written together.
+
+pub mod queue_id;
+pub mod sqlite;
+
+use std::future::Future;
+use std::pin::Pin;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Milliseconds since the Unix epoch.
+pub type UnixMillis = i64;
+
+pub fn now_millis() -> UnixMillis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store cannot be reached at all (locked by another process,
+    /// missing or read-only file, writer gone): nothing was executed.
+    #[error("ledger unavailable: {0}")]
+    Unavailable(String),
+    /// The operation failed part-way (I/O error, disk full); it was rolled
+    /// back and may be retried.
+    #[error("storage failure: {0}")]
+    Transient(String),
+    #[error("{0}")]
+    NotFound(String),
+}
+
+/// A live ledger entry: what a retry under the same key is compared with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerEntry {
+    pub fingerprint: [u8; 32],
+    /// The complete reply lines sent the first time (CRLF-terminated).
+    pub reply: Vec<u8>,
+    pub queue_id: Option<String>,
+    pub created_at: UnixMillis,
+    pub expires_at: UnixMillis,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewLedgerEntry {
+    pub workspace: String,
+    pub key: String,
+    pub entry: LedgerEntry,
+}
+
+/// An accepted message, as it enters the outbound queue.
+#[derive(Debug, Clone)]
+pub struct NewMessage {
+    pub id: String,
+    pub workspace: String,
+    pub account: String,
+    pub reverse_path: String,
+    pub recipients: Vec<String>,
+    pub idempotency_key: Option<String>,
+    /// Our `Received:` header, stored apart so the body is never copied to
+    /// prepend it.
+    pub trace: String,
+    pub body: Vec<u8>,
+    pub created_at: UnixMillis,
+}
+
+/// What one acceptance writes, atomically: a ledger entry (when the message
+/// had a key), a queue row (unless it was a stored rejection), or both.
+#[derive(Debug, Clone)]
+pub struct Acceptance {
+    pub ledger: Option<NewLedgerEntry>,
+    pub message: Option<NewMessage>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitOutcome {
+    Committed,
+    /// A live entry for the key already exists; nothing was written.
+    KeyTaken,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageState {
+    Queued,
+    Deferred,
+    Delivering,
+    Delivered,
+    Failed,
+    Expired,
+    Held,
+}
+
+impl MessageState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageState::Queued => "queued",
+            MessageState::Deferred => "deferred",
+            MessageState::Delivering => "delivering",
+            MessageState::Delivered => "delivered",
+            MessageState::Failed => "failed",
+            MessageState::Expired => "expired",
+            MessageState::Held => "held",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "queued" => MessageState::Queued,
+            "deferred" => MessageState::Deferred,
+            "delivering" => MessageState::Delivering,
+            "delivered" => MessageState::Delivered,
+            "failed" => MessageState::Failed,
+            "expired" => MessageState::Expired,
+            "held" => MessageState::Held,
+            _ => return None,
+        })
+    }
+}
+
+/// What `smtp-once status` and `queue` show.
+#[derive(Debug, Clone)]
+pub struct MessageStatus {
+    pub id: String,
+    pub state: MessageState,
+    pub workspace: String,
+    pub account: String,
+    pub reverse_path: String,
+    pub recipients: Vec<String>,
+    pub size: u64,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    pub created_at: UnixMillis,
+    pub next_attempt_at: Option<UnixMillis>,
+}
+
+/// The storage contract. Implementations must make `commit` atomic and
+/// durable before it resolves: a `250` is sent right after.
+pub trait Store: Send + Sync + 'static {
+    /// The live (unexpired at `now`) entry for `(workspace, key)`.
+    fn lookup<'a>(
+        &'a self,
+        workspace: &'a str,
+        key: &'a str,
+        now: UnixMillis,
+    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, StoreError>>;
+
+    /// Writes the ledger entry and queue row in one durable transaction.
+    /// An expired entry for the same key is replaced.
+    fn commit(
+        &self,
+        acceptance: Acceptance,
+    ) -> BoxFuture<'static, Result<CommitOutcome, StoreError>>;
+
+    /// Removes up to `limit` entries expired at `now`; returns how many.
+    fn purge_expired(
+        &self,
+        now: UnixMillis,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<usize, StoreError>>;
+}

@@ -1,0 +1,221 @@
+//! The single-node store: one SQLite file in WAL mode with
+//! `synchronous = FULL` (a commit is on disk before it returns), one writer
+//! thread, and a small pool of reader connections.
+
+mod inspect;
+mod schema;
+mod writer;
+
+pub use inspect::Inspector;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Acceptance, BoxFuture, CommitOutcome, LedgerEntry, Store, StoreError, UnixMillis};
+
+pub const DB_FILE: &str = "smtp-once.db";
+const LOCK_FILE: &str = "smtp-once.lock";
+/// How long a statement waits on a lock held by someone else before the
+/// ledger counts as unavailable.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
+const MAX_IDLE_READERS: usize = 8;
+
+pub struct SqliteStore {
+    db_path: PathBuf,
+    jobs: mpsc::UnboundedSender<writer::Job>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    readers: Mutex<Vec<Connection>>,
+    /// Held for the life of the store: one process per data directory.
+    _lock: File,
+}
+
+impl SqliteStore {
+    /// Opens (creating and migrating if needed) the store in `data_dir` and
+    /// takes its exclusive lock.
+    pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(data_dir).map_err(|e| {
+            StoreError::Unavailable(format!("cannot create {}: {e}", data_dir.display()))
+        })?;
+        let lock_path = data_dir.join(LOCK_FILE);
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| {
+                StoreError::Unavailable(format!("cannot open {}: {e}", lock_path.display()))
+            })?;
+        lock.try_lock().map_err(|_| {
+            StoreError::Unavailable(format!(
+                "{} is in use by another smtp-once process (lock {} is held)",
+                data_dir.display(),
+                lock_path.display()
+            ))
+        })?;
+        let db_path = data_dir.join(DB_FILE);
+        let mut conn = open_connection(&db_path, false).map_err(classify)?;
+        schema::migrate(&mut conn).map_err(classify)?;
+        let (jobs, rx) = mpsc::unbounded_channel();
+        let handle = std::thread::Builder::new()
+            .name("ledger-writer".into())
+            .spawn(move || writer::run(conn, rx))
+            .map_err(|e| StoreError::Unavailable(format!("cannot start writer thread: {e}")))?;
+        Ok(Self {
+            db_path,
+            jobs,
+            writer: Mutex::new(Some(handle)),
+            readers: Mutex::new(Vec::new()),
+            _lock: lock,
+        })
+    }
+
+    pub fn db_path(&self) -> &Path {
+        &self.db_path
+    }
+
+    fn reader(&self) -> Result<Connection, StoreError> {
+        let pooled = self.readers.lock().ok().and_then(|mut pool| pool.pop());
+        match pooled {
+            Some(conn) => Ok(conn),
+            None => open_connection(&self.db_path, true).map_err(classify),
+        }
+    }
+
+    fn return_reader(&self, conn: Connection) {
+        if let Ok(mut pool) = self.readers.lock()
+            && pool.len() < MAX_IDLE_READERS
+        {
+            pool.push(conn);
+        }
+    }
+
+    fn send(&self, job: writer::Job) -> Result<(), StoreError> {
+        self.jobs
+            .send(job)
+            .map_err(|_| StoreError::Unavailable("ledger writer has stopped".into()))
+    }
+
+    /// Stops the writer after the jobs already sent, and waits for it.
+    pub fn close(self) {
+        let handle = self.writer.lock().ok().and_then(|mut h| h.take());
+        drop(self.jobs);
+        if let Some(handle) = handle {
+            let _ = handle.join();
+        }
+    }
+}
+
+fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection> {
+    let flags = if read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    };
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    if !read_only {
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        // FULL: a commit survives power loss, which a 250 promises.
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+    }
+    Ok(conn)
+}
+
+/// Sorts SQLite failures into "cannot reach the ledger" and "this attempt
+/// failed".
+pub(crate) fn classify(e: rusqlite::Error) -> StoreError {
+    match e.sqlite_error_code() {
+        Some(
+            ErrorCode::DatabaseBusy
+            | ErrorCode::DatabaseLocked
+            | ErrorCode::CannotOpen
+            | ErrorCode::ReadOnly
+            | ErrorCode::NotADatabase
+            | ErrorCode::DatabaseCorrupt
+            | ErrorCode::PermissionDenied,
+        ) => StoreError::Unavailable(e.to_string()),
+        _ => StoreError::Transient(e.to_string()),
+    }
+}
+
+fn lookup_on(
+    conn: &Connection,
+    workspace: &str,
+    key: &str,
+    now: UnixMillis,
+) -> rusqlite::Result<Option<LedgerEntry>> {
+    conn.prepare_cached(
+        "SELECT fingerprint, reply, queue_id, created_at, expires_at FROM ledger
+         WHERE workspace = ?1 AND key = ?2 AND expires_at > ?3",
+    )?
+    .query_row(params![workspace, key, now], |row| {
+        let fp: Vec<u8> = row.get(0)?;
+        let mut fingerprint = [0u8; 32];
+        if fp.len() == 32 {
+            fingerprint.copy_from_slice(&fp);
+        }
+        Ok(LedgerEntry {
+            fingerprint,
+            reply: row.get(1)?,
+            queue_id: row.get(2)?,
+            created_at: row.get(3)?,
+            expires_at: row.get(4)?,
+        })
+    })
+    .optional()
+}
+
+impl Store for SqliteStore {
+    fn lookup<'a>(
+        &'a self,
+        workspace: &'a str,
+        key: &'a str,
+        now: UnixMillis,
+    ) -> BoxFuture<'a, Result<Option<LedgerEntry>, StoreError>> {
+        Box::pin(async move {
+            // A point read by primary key on a WAL reader never waits for
+            // the writer, so it runs inline rather than on the blocking pool.
+            let conn = self.reader()?;
+            let result = lookup_on(&conn, workspace, key, now).map_err(classify);
+            if result.is_ok() {
+                self.return_reader(conn);
+            }
+            result
+        })
+    }
+
+    fn commit(
+        &self,
+        acceptance: Acceptance,
+    ) -> BoxFuture<'static, Result<CommitOutcome, StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        let sent = self.send(writer::Job::commit(acceptance, tx));
+        Box::pin(async move {
+            sent?;
+            rx.await
+                .map_err(|_| StoreError::Unavailable("ledger writer has stopped".into()))?
+        })
+    }
+
+    fn purge_expired(
+        &self,
+        now: UnixMillis,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<usize, StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        let sent = self.send(writer::Job::purge(now, limit, tx));
+        Box::pin(async move {
+            sent?;
+            rx.await
+                .map_err(|_| StoreError::Unavailable("ledger writer has stopped".into()))?
+        })
+    }
+}

@@ -1,0 +1,64 @@
+//! Schema migrations, applied in order and recorded in `schema_version`.
+
+use rusqlite::Connection;
+
+/// Each entry upgrades the schema by one version. Never edit a released
+/// entry: append a new one.
+const MIGRATIONS: &[&str] = &[
+    // 1: the outbound queue (state apart from the body, so state updates
+    //    don't rewrite message bytes) and the idempotency ledger.
+    "CREATE TABLE queue (
+        id TEXT PRIMARY KEY,
+        workspace TEXT NOT NULL,
+        account TEXT NOT NULL,
+        reverse_path TEXT NOT NULL,
+        recipients TEXT NOT NULL,
+        idempotency_key TEXT,
+        size INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at INTEGER,
+        last_error TEXT,
+        lease_until INTEGER,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+     );
+     CREATE INDEX queue_due ON queue(state, next_attempt_at);
+     CREATE TABLE message_body (
+        queue_id TEXT PRIMARY KEY REFERENCES queue(id) ON DELETE CASCADE,
+        trace TEXT NOT NULL,
+        body BLOB NOT NULL
+     );
+     CREATE TABLE ledger (
+        workspace TEXT NOT NULL,
+        key TEXT NOT NULL,
+        fingerprint BLOB NOT NULL,
+        reply BLOB NOT NULL,
+        queue_id TEXT,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL,
+        PRIMARY KEY (workspace, key)
+     ) WITHOUT ROWID;
+     CREATE INDEX ledger_expiry ON ledger(expires_at);",
+];
+
+pub fn migrate(conn: &mut Connection) -> rusqlite::Result<u32> {
+    conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")?;
+    let current: u32 = conn
+        .query_row("SELECT MAX(version) FROM schema_version", [], |r| {
+            r.get::<_, Option<u32>>(0)
+        })?
+        .unwrap_or(0);
+    let mut version = current;
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        version = u32::try_from(i + 1).unwrap_or(u32::MAX);
+        tx.execute(
+            "INSERT INTO schema_version (version) VALUES (?1)",
+            [version],
+        )?;
+        tx.commit()?;
+    }
+    Ok(version)
+}

@@ -1,0 +1,187 @@
+//! The single writer thread. rusqlite is synchronous, so the write
+//! connection lives on its own thread fed by a channel; every job waiting
+//! when a transaction starts joins it (group commit): one fsync for the
+//! batch, then each waiting session gets its answer. Nothing sleeps to
+//! collect a batch, so a lone job commits at once.
+
+use rusqlite::{Connection, Transaction, params};
+use tokio::sync::{mpsc, oneshot};
+
+use super::classify;
+use crate::store::{Acceptance, CommitOutcome, StoreError, UnixMillis};
+
+/// Upper bound on jobs per transaction, to bound latency and memory.
+pub const MAX_BATCH: usize = 256;
+
+pub enum Job {
+    Commit {
+        acceptance: Acceptance,
+        reply: oneshot::Sender<Result<CommitOutcome, StoreError>>,
+        /// Set inside the transaction, sent only after COMMIT.
+        outcome: Option<CommitOutcome>,
+    },
+    Purge {
+        now: UnixMillis,
+        limit: usize,
+        reply: oneshot::Sender<Result<usize, StoreError>>,
+        purged: Option<usize>,
+    },
+}
+
+impl Job {
+    pub fn commit(
+        acceptance: Acceptance,
+        reply: oneshot::Sender<Result<CommitOutcome, StoreError>>,
+    ) -> Self {
+        Job::Commit {
+            acceptance,
+            reply,
+            outcome: None,
+        }
+    }
+
+    pub fn purge(
+        now: UnixMillis,
+        limit: usize,
+        reply: oneshot::Sender<Result<usize, StoreError>>,
+    ) -> Self {
+        Job::Purge {
+            now,
+            limit,
+            reply,
+            purged: None,
+        }
+    }
+
+    fn apply(&mut self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
+        match self {
+            Job::Commit {
+                acceptance,
+                outcome,
+                ..
+            } => *outcome = Some(apply_acceptance(tx, acceptance)?),
+            Job::Purge {
+                now, limit, purged, ..
+            } => *purged = Some(purge_expired(tx, *now, *limit)?),
+        }
+        Ok(())
+    }
+
+    /// Answers the waiting caller. A caller that went away no longer needs
+    /// the answer; the commit stands either way.
+    fn finish(self, error: Option<StoreError>) {
+        fn result<T>(error: Option<StoreError>, value: Option<T>) -> Result<T, StoreError> {
+            match (error, value) {
+                (Some(e), _) => Err(e),
+                (None, Some(v)) => Ok(v),
+                (None, None) => Err(StoreError::Transient("job was not applied".into())),
+            }
+        }
+        match self {
+            Job::Commit { reply, outcome, .. } => {
+                let _ = reply.send(result(error, outcome));
+            }
+            Job::Purge { reply, purged, .. } => {
+                let _ = reply.send(result(error, purged));
+            }
+        }
+    }
+}
+
+pub fn run(mut conn: Connection, mut jobs: mpsc::UnboundedReceiver<Job>) {
+    let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = jobs.blocking_recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        execute_batch(&mut conn, &mut batch);
+    }
+    tracing::debug!("ledger writer stopped");
+}
+
+fn execute_batch(conn: &mut Connection, batch: &mut Vec<Job>) {
+    match apply_all(conn, batch) {
+        Ok(()) => batch.drain(..).for_each(|job| job.finish(None)),
+        Err(e) => {
+            // One bad job must not fail its neighbours: retry each alone,
+            // so only the job that really fails gets the error.
+            tracing::warn!(error = %e, jobs = batch.len(), "batch commit failed; retrying jobs one by one");
+            for job in batch.drain(..) {
+                let mut single = [job];
+                let result = apply_all(conn, &mut single);
+                let [job] = single;
+                job.finish(result.err().map(classify));
+            }
+        }
+    }
+}
+
+fn apply_all(conn: &mut Connection, jobs: &mut [Job]) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    for job in jobs.iter_mut() {
+        job.apply(&tx)?;
+    }
+    tx.commit()
+}
+
+fn apply_acceptance(tx: &Transaction<'_>, a: &Acceptance) -> rusqlite::Result<CommitOutcome> {
+    if let Some(l) = &a.ledger {
+        // Replace an entry only once it has expired: a live one means the
+        // key is taken, and then nothing at all is written.
+        let changed = tx
+            .prepare_cached(
+                "INSERT INTO ledger (workspace, key, fingerprint, reply, queue_id, created_at, expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT (workspace, key) DO UPDATE SET
+                   fingerprint = excluded.fingerprint, reply = excluded.reply,
+                   queue_id = excluded.queue_id, created_at = excluded.created_at,
+                   expires_at = excluded.expires_at
+                 WHERE ledger.expires_at <= excluded.created_at",
+            )?
+            .execute(params![
+                l.workspace,
+                l.key,
+                &l.entry.fingerprint[..],
+                l.entry.reply,
+                l.entry.queue_id,
+                l.entry.created_at,
+                l.entry.expires_at
+            ])?;
+        if changed == 0 {
+            return Ok(CommitOutcome::KeyTaken);
+        }
+    }
+    if let Some(m) = &a.message {
+        tx.prepare_cached(
+            "INSERT INTO queue (id, workspace, account, reverse_path, recipients, idempotency_key,
+                                size, state, attempts, next_attempt_at, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', 0, ?8, ?8, ?8)",
+        )?
+        .execute(params![
+            m.id,
+            m.workspace,
+            m.account,
+            m.reverse_path,
+            m.recipients.join("\n"),
+            m.idempotency_key,
+            i64::try_from(m.trace.len() + m.body.len()).unwrap_or(i64::MAX),
+            m.created_at
+        ])?;
+        tx.prepare_cached("INSERT INTO message_body (queue_id, trace, body) VALUES (?1, ?2, ?3)")?
+            .execute(params![m.id, m.trace, m.body])?;
+    }
+    Ok(CommitOutcome::Committed)
+}
+
+fn purge_expired(tx: &Transaction<'_>, now: UnixMillis, limit: usize) -> rusqlite::Result<usize> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    tx.prepare_cached(
+        "DELETE FROM ledger WHERE (workspace, key) IN
+           (SELECT workspace, key FROM ledger WHERE expires_at <= ?1 LIMIT ?2)",
+    )?
+    .execute(params![now, limit])
+}

@@ -1,0 +1,87 @@
+//! The `Received:` trace header (RFC 5321 4.4) prepended to every accepted
+//! message, after the fingerprint was taken.
+
+use crate::smtp::session::Submission;
+use crate::store::UnixMillis;
+
+pub fn received_header(
+    sub: &Submission,
+    hostname: &str,
+    queue_id: &str,
+    now: UnixMillis,
+) -> String {
+    // RFC 3848 protocol names.
+    let protocol = match (sub.tls, sub.submitter.is_authenticated()) {
+        (true, true) => "ESMTPSA",
+        (true, false) => "ESMTPS",
+        (false, true) => "ESMTPA",
+        (false, false) => "ESMTP",
+    };
+    let helo: String = sub
+        .helo
+        .chars()
+        .filter(|c| c.is_ascii_graphic())
+        .take(255)
+        .collect();
+    let mut h = format!(
+        "Received: from {helo} ([{}])\r\n\tby {hostname} (smtp-once) with {protocol} id {queue_id}\r\n\t(account {}, workspace {})",
+        sub.peer.ip(),
+        sub.submitter.name(),
+        sub.submitter.workspace(),
+    );
+    if let [single] = sub.recipients.as_slice() {
+        h.push_str(&format!("\r\n\tfor <{single}>"));
+    }
+    h.push_str(&format!(";\r\n\t{}\r\n", rfc5322_date(now / 1000)));
+    h
+}
+
+/// `Mon, 30 Nov 2026 20:06:34 +0000` from Unix seconds (UTC).
+pub fn rfc5322_date(secs: i64) -> String {
+    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let days = secs.div_euclid(86400);
+    let rem = secs.rem_euclid(86400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{}, {:02} {} {} {:02}:{:02}:{:02} +0000",
+        DAYS[days.rem_euclid(7) as usize],
+        d,
+        MONTHS[(m - 1) as usize],
+        y,
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Howard Hinnant's days-to-civil algorithm.
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(rfc5322_date(0), "Thu, 01 Jan 1970 00:00:00 +0000");
+        assert_eq!(
+            rfc5322_date(1_796_069_194),
+            "Mon, 30 Nov 2026 20:06:34 +0000"
+        );
+        assert_eq!(rfc5322_date(951_782_400), "Tue, 29 Feb 2000 00:00:00 +0000");
+    }
+}
