@@ -14,6 +14,21 @@
 //! Framing: each hash input starts with a tag and every variable-length field
 //! is preceded by its length (u64, little endian), so different inputs cannot
 //! feed the same byte stream to the hasher by shifting bytes between fields.
+//!
+//! Caveats:
+//! - The canonical MIME form depends on how mail-parser (pinned `=0.11.9`)
+//!   splits the message. Upgrading it may change fingerprints of unusual
+//!   messages: bump `VERSION_TAG` with such an upgrade.
+//! - Malformed multipart messages (mail-parser's parts do not tile the message
+//!   as a tree, nesting deeper than `MAX_MIME_DEPTH`, no boundary) are hashed
+//!   raw: deterministic, but a reordered retry of such a message differs.
+//! - mail-parser's `debug_assert!`s fire on some malformed input when debug
+//!   assertions are on; we catch the panic and hash raw, while a release build
+//!   parses on. To get the same fingerprints in all builds (and no panic
+//!   message on stderr in tests), set in the crate's Cargo.toml (the test
+//!   profile inherits it):
+//!   `[profile.dev.package.mail-parser]`
+//!   `debug-assertions = false` and `overflow-checks = false`.
 
 use mail_parser::{Message, MessageParser, MimeHeaders, PartType};
 use sha2::{Digest, Sha256};
@@ -75,7 +90,14 @@ fn canonical_mime_hash(content: &[u8]) -> Option<[u8; 32]> {
     if !is_multipart(content) {
         return None;
     }
-    let msg = MessageParser::default().parse(content)?;
+    // mail-parser 0.11.9 has `debug_assert!(false, ..)`s on some malformed
+    // structures (the property tests hit one), which panic in builds with
+    // debug assertions; release builds compile them out. A panic here means
+    // "no usable structure": hash raw instead of failing the transaction.
+    // (No help under `panic = "abort"`; see the module caveats.)
+    let msg = std::panic::catch_unwind(|| MessageParser::default().parse(content))
+        .ok()
+        .flatten()?;
     let root = msg.parts.first()?;
     if root.offset_header != 0 || !matches!(root.body, PartType::Multipart(_)) {
         return None;
@@ -112,7 +134,8 @@ impl Canon<'_, '_> {
     /// the part's headers; for a leaf, message/rfc822 or nested multipart,
     /// `offset_end` is the start of the CRLF that precedes the next delimiter
     /// (that CRLF belongs to the delimiter, RFC 2046), whether the next
-    /// delimiter is `--B` or the close `--B--`. So a part's bytes do not depend
+    /// delimiter is `--B` or the close `--B--` (mail-parser also accepts `--B`
+    /// mid-line; then `offset_end` is at the `--`). So a part's bytes do not depend
     /// on its position, and everything between two parts (CRLF, delimiter,
     /// padding, CRLF), before the first part (preamble) and after the last
     /// (close delimiter, epilogue) is a "gap" hashed in position order with
@@ -711,6 +734,17 @@ mod tests {
     }
 
     #[test]
+    fn mail_parser_debug_assert_is_contained() {
+        // Found by `arbitrary_multipart_bytes_never_panic`: trips
+        // `debug_assert!(false, "Invalid part ID, could not find multipart.")`
+        // in mail-parser 0.11.9 when debug assertions are on.
+        let m = "Content-Type: multipart/mixed; boundary=B\r\n\r\n\
+                 --BContent-Type: message/rfc822\r\n--C\r\n\r\n\
+                 Content-Type: message/rfc822\r\n\r\n\r\n--B--";
+        assert_eq!(fp(m), fp(m));
+    }
+
+    #[test]
     fn deep_nesting_falls_back_without_overflow() {
         let mut m = String::new();
         for i in 0..200 {
@@ -769,7 +803,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(3000))]
+        #![proptest_config(ProptestConfig::with_cases(64))]
 
         #[test]
         fn boundary_and_order_do_not_count(

@@ -248,14 +248,18 @@ impl Session {
                 let before = bytes.len();
                 let done = receiver.ingest(&mut bytes, &mut self.message);
                 self.consumed += before - bytes.len();
-                if done {
-                    return self.data_complete();
-                }
                 if self.message.len() > self.config.max_message_size {
+                    if done {
+                        return self.reject_too_big();
+                    }
+                    // Keep reading to the end of the message, storing nothing.
                     let discard = DummyDataReceiver::new_data(receiver);
                     self.message = Vec::new();
                     self.state = State::DataDiscard { receiver: discard };
                     return None;
+                }
+                if done {
+                    return self.data_complete();
                 }
                 Some(Action::NeedInput)
             }
@@ -267,11 +271,7 @@ impl Session {
                 if !done {
                     return Some(Action::NeedInput);
                 }
-                tracing::info!(peer = %self.peer, "message rejected: larger than SIZE limit");
-                self.write(self.too_big_reply());
-                self.reset_transaction();
-                self.state = State::Command;
-                None
+                self.reject_too_big()
             }
             State::Bdat { receiver } => {
                 let mut bytes = self.input[self.consumed..].iter();
@@ -763,6 +763,14 @@ impl Session {
     fn bad_sequence(&mut self, text: &str) -> Option<Action> {
         self.write(Reply::new(503, "5.5.1", text));
         self.count_bad_command()
+    }
+
+    fn reject_too_big(&mut self) -> Option<Action> {
+        tracing::info!(peer = %self.peer, "message rejected: larger than SIZE limit");
+        self.write(self.too_big_reply());
+        self.reset_transaction();
+        self.state = State::Command;
+        None
     }
 
     fn too_big_reply(&self) -> Reply {

@@ -1,0 +1,537 @@
+//! Test harness: the real `smtp-once` binary on ephemeral loopback ports with
+//! a real SQLite file in a temporary folder, and a small SMTP client over
+//! real TCP and TLS (trusting the dev certificate in `certs/`).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_smtp-once");
+
+/// Test accounts: (name, password, workspace, allowed_senders).
+pub const USERS: &[(&str, &str, &str, Option<&str>)] = &[
+    ("alice", "alice-pw", "acme", Some("*@example.test")),
+    ("bob", "bob-pw", "acme", None),
+    ("carol", "carol-pw", "globex", None),
+];
+
+fn user_hashes() -> &'static Vec<String> {
+    static HASHES: OnceLock<Vec<String>> = OnceLock::new();
+    HASHES.get_or_init(|| {
+        USERS
+            .iter()
+            .map(|(_, pw, _, _)| smtp_once::auth::hash_password(pw).expect("hash"))
+            .collect()
+    })
+}
+
+#[derive(Clone)]
+pub struct Options {
+    pub retention: String,
+    pub purge_interval: String,
+    pub max_message_size: usize,
+    pub max_recipients: usize,
+    pub max_connections: usize,
+    pub command_timeout: String,
+    pub allow_plaintext: bool,
+    pub trusted_network: Option<(&'static str, &'static str)>,
+    pub extra: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            retention: "3h".into(),
+            purge_interval: "60s".into(),
+            max_message_size: 1_000_000,
+            max_recipients: 10,
+            max_connections: 100,
+            command_timeout: "5m".into(),
+            allow_plaintext: true,
+            trusted_network: None,
+            extra: String::new(),
+        }
+    }
+}
+
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
+    /// Plaintext listener (AUTH allowed there when `allow_plaintext`).
+    pub plain: SocketAddr,
+    pub starttls: SocketAddr,
+    pub implicit: SocketAddr,
+    pub stderr_path: PathBuf,
+}
+
+pub fn repo_path(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+impl Daemon {
+    pub fn start(options: Options) -> Daemon {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config_path = dir.path().join("smtp-once.toml");
+        std::fs::write(&config_path, config_text(&options, dir.path())).expect("write config");
+        let mut d = Daemon {
+            child: None,
+            stderr_path: dir.path().join("daemon.log"),
+            dir,
+            config_path,
+            plain: "127.0.0.1:1".parse().expect("addr"),
+            starttls: "127.0.0.1:1".parse().expect("addr"),
+            implicit: "127.0.0.1:1".parse().expect("addr"),
+        };
+        d.spawn();
+        d
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Starts the binary on the existing config and data directory and
+    /// waits until every listener is bound.
+    pub fn spawn(&mut self) {
+        // Fresh ephemeral ports each time: rewrite listener addresses to :0.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.stderr_path)
+            .expect("log file");
+        let mut child = Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(&self.config_path)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn smtp-once");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut addrs = Vec::new();
+        while addrs.len() < 3 {
+            let line = rx
+                .recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("daemon did not start; log:\n{}", self.log()));
+            if let Some(rest) = line.strip_prefix("smtp-once listening on ") {
+                let addr = rest.split(' ').next().expect("addr");
+                addrs.push(addr.parse::<SocketAddr>().expect("socket addr"));
+            }
+        }
+        self.plain = addrs[0];
+        self.starttls = addrs[1];
+        self.implicit = addrs[2];
+        self.child = Some(child);
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill(); // SIGKILL
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running daemon");
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "daemon did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    pub fn db(&self) -> rusqlite::Connection {
+        let conn =
+            rusqlite::Connection::open(self.data_dir().join("smtp-once.db")).expect("open db");
+        conn.busy_timeout(Duration::from_secs(10))
+            .expect("busy timeout");
+        conn
+    }
+
+    pub fn queue_count(&self) -> i64 {
+        self.db()
+            .query_row("SELECT COUNT(*) FROM queue", [], |r| r.get(0))
+            .expect("count")
+    }
+
+    pub fn queue_ids_for_key(&self, key: &str) -> Vec<String> {
+        let db = self.db();
+        let mut stmt = db
+            .prepare("SELECT id FROM queue WHERE idempotency_key = ?1 ORDER BY id")
+            .expect("prepare");
+        stmt.query_map([key], |r| r.get(0))
+            .expect("query")
+            .map(|r| r.expect("row"))
+            .collect()
+    }
+
+    /// Runs the CLI against this daemon's config.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(BIN)
+            .args(args)
+            .arg("--config")
+            .arg(&self.config_path)
+            .output()
+            .expect("run cli")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn config_text(o: &Options, dir: &Path) -> String {
+    let mut users = String::new();
+    for ((name, _, workspace, senders), hash) in USERS.iter().zip(user_hashes()) {
+        users.push_str(&format!(
+            "[[user]]\nname = \"{name}\"\npassword_hash = \"{hash}\"\nworkspace = \"{workspace}\"\n"
+        ));
+        if let Some(s) = senders {
+            users.push_str(&format!("allowed_senders = [\"{s}\"]\n"));
+        }
+    }
+    let trusted = o
+        .trusted_network
+        .map(|(cidr, ws)| format!("[[trusted_network]]\ncidr = \"{cidr}\"\nworkspace = \"{ws}\"\n"))
+        .unwrap_or_default();
+    format!(
+        r#"[server]
+hostname = "relay.test"
+data_dir = "{data}"
+max_message_size = {size}
+max_recipients = {rcpts}
+max_connections = {conns}
+command_timeout = "{timeout}"
+shutdown_grace = "10s"
+
+[[listener]]
+addr = "127.0.0.1:0"
+tls = "none"
+
+[[listener]]
+addr = "127.0.0.1:0"
+tls = "starttls"
+
+[[listener]]
+addr = "127.0.0.1:0"
+tls = "implicit"
+
+[tls]
+cert = "{cert}"
+key = "{key}"
+
+[auth]
+allow_plaintext = {plain}
+
+{users}
+{trusted}
+[idempotency]
+retention = "{retention}"
+purge_interval = "{purge}"
+
+[relay]
+mode = "file"
+dir = "{outbox}"
+{extra}
+"#,
+        data = dir.join("data").display(),
+        size = o.max_message_size,
+        rcpts = o.max_recipients,
+        conns = o.max_connections,
+        timeout = o.command_timeout,
+        cert = repo_path("certs/dev-cert.pem").display(),
+        key = repo_path("certs/dev-key.pem").display(),
+        plain = o.allow_plaintext,
+        retention = o.retention,
+        purge = o.purge_interval,
+        outbox = dir.join("outbox").display(),
+        extra = o.extra,
+    )
+}
+
+// ---------------------------------------------------------------- client
+
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub code: u16,
+    pub lines: Vec<String>,
+    pub raw: String,
+}
+
+impl Reply {
+    pub fn last(&self) -> &str {
+        self.lines.last().map_or("", String::as_str)
+    }
+    pub fn has(&self, needle: &str) -> bool {
+        self.raw.contains(needle)
+    }
+    pub fn is_replay(&self) -> bool {
+        self.lines
+            .first()
+            .is_some_and(|l| l.contains("Idempotency-Replay: true"))
+    }
+    /// The queue id from `... queued as ID`.
+    pub fn queue_id(&self) -> Option<String> {
+        self.last()
+            .split("queued as ")
+            .nth(1)
+            .map(|s| s.trim().to_string())
+    }
+}
+
+pub struct Client {
+    io: Option<Box<dyn Io>>,
+    buf: Vec<u8>,
+    pub greeting: Reply,
+}
+
+pub fn tls_connector() -> tokio_rustls::TlsConnector {
+    let pem = std::fs::read(repo_path("certs/dev-cert.pem")).expect("dev cert");
+    let mut roots = rustls::RootCertStore::empty();
+    use rustls_pki_types::pem::PemObject;
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&pem) {
+        roots.add(cert.expect("pem")).expect("add root");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+async fn tls_wrap(tcp: Box<dyn Io>) -> Box<dyn Io> {
+    let name = rustls_pki_types::ServerName::try_from("relay.example.test").expect("name");
+    let tls = tls_connector()
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake");
+    Box::new(tls)
+}
+
+impl Client {
+    pub async fn connect(addr: SocketAddr) -> Client {
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        Self::over(Box::new(tcp)).await
+    }
+
+    pub async fn connect_implicit_tls(addr: SocketAddr) -> Client {
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        Self::over(tls_wrap(Box::new(tcp)).await).await
+    }
+
+    async fn over(io: Box<dyn Io>) -> Client {
+        let mut c = Client {
+            io: Some(io),
+            buf: Vec::new(),
+            greeting: Reply {
+                code: 0,
+                lines: vec![],
+                raw: String::new(),
+            },
+        };
+        c.greeting = c.read_reply().await;
+        assert_eq!(c.greeting.code, 220, "greeting {:?}", c.greeting);
+        c
+    }
+
+    fn io(&mut self) -> &mut Box<dyn Io> {
+        self.io.as_mut().expect("connection open")
+    }
+
+    pub async fn send(&mut self, bytes: &[u8]) {
+        let io = self.io();
+        io.write_all(bytes).await.expect("write");
+        io.flush().await.expect("flush");
+    }
+
+    /// Reads one complete (possibly multi-line) reply.
+    pub async fn read_reply(&mut self) -> Reply {
+        self.try_read_reply().await.expect("reply before EOF")
+    }
+
+    pub async fn try_read_reply(&mut self) -> Option<Reply> {
+        let mut lines = Vec::new();
+        let mut raw = String::new();
+        loop {
+            let pos = loop {
+                if let Some(pos) = self.buf.iter().position(|&b| b == b'\n') {
+                    break pos;
+                }
+                let mut chunk = [0u8; 4096];
+                let n = tokio::time::timeout(Duration::from_secs(30), self.io().read(&mut chunk))
+                    .await
+                    .expect("reply within 30s")
+                    .ok()?;
+                if n == 0 {
+                    return None;
+                }
+                self.buf.extend_from_slice(&chunk[..n]);
+            };
+            let line: Vec<u8> = self.buf.drain(..=pos).collect();
+            let line = String::from_utf8_lossy(&line).into_owned();
+            raw.push_str(&line);
+            let trimmed = line.trim_end().to_string();
+            let last = trimmed.as_bytes().get(3) != Some(&b'-');
+            lines.push(trimmed);
+            if last {
+                let code = lines[0].get(..3).and_then(|c| c.parse().ok()).unwrap_or(0);
+                return Some(Reply { code, lines, raw });
+            }
+        }
+    }
+
+    pub async fn cmd(&mut self, line: &str) -> Reply {
+        self.send(format!("{line}\r\n").as_bytes()).await;
+        self.read_reply().await
+    }
+
+    pub async fn ehlo(&mut self) -> Reply {
+        let r = self.cmd("EHLO client.test").await;
+        assert_eq!(r.code, 250, "{r:?}");
+        r
+    }
+
+    pub async fn starttls(&mut self) {
+        let r = self.cmd("STARTTLS").await;
+        assert_eq!(r.code, 220, "{r:?}");
+        let io = self.io.take().expect("io");
+        self.io = Some(tls_wrap(io).await);
+        self.buf.clear();
+    }
+
+    pub async fn auth_plain(&mut self, user: &str, password: &str) -> Reply {
+        use base64::Engine;
+        let token =
+            base64::engine::general_purpose::STANDARD.encode(format!("\0{user}\0{password}"));
+        self.cmd(&format!("AUTH PLAIN {token}")).await
+    }
+
+    /// EHLO + AUTH PLAIN on a plaintext connection (allow_plaintext).
+    pub async fn login(addr: SocketAddr, user: &str) -> Client {
+        let mut c = Client::connect(addr).await;
+        c.ehlo().await;
+        let pw = USERS.iter().find(|u| u.0 == user).expect("known user").1;
+        let r = c.auth_plain(user, pw).await;
+        assert_eq!(r.code, 235, "{r:?}");
+        c
+    }
+
+    /// MAIL, RCPT..., DATA, the dot-stuffed message, and the final reply.
+    pub async fn submit(&mut self, from: &str, rcpts: &[&str], message: &[u8]) -> Reply {
+        let r = self.cmd(&format!("MAIL FROM:<{from}>")).await;
+        if r.code != 250 {
+            return r;
+        }
+        for rcpt in rcpts {
+            let r = self.cmd(&format!("RCPT TO:<{rcpt}>")).await;
+            assert_eq!(r.code, 250, "{r:?}");
+        }
+        let r = self.cmd("DATA").await;
+        assert_eq!(r.code, 354, "{r:?}");
+        self.send(&dot_stuff(message)).await;
+        self.read_reply().await
+    }
+
+    /// Sends everything up to and including the final dot, then drops the
+    /// connection without reading the reply (the lost-reply case).
+    pub async fn submit_and_vanish(mut self, from: &str, rcpts: &[&str], message: &[u8]) {
+        let mut batch = format!("MAIL FROM:<{from}>\r\n");
+        for rcpt in rcpts {
+            batch.push_str(&format!("RCPT TO:<{rcpt}>\r\n"));
+        }
+        batch.push_str("DATA\r\n");
+        self.send(batch.as_bytes()).await;
+        for _ in 0..rcpts.len() + 2 {
+            self.read_reply().await;
+        }
+        self.send(&dot_stuff(message)).await;
+        drop(self.io.take());
+    }
+
+    pub async fn quit(mut self) {
+        self.send(b"QUIT\r\n").await;
+        let _ = self.try_read_reply().await;
+    }
+
+    /// True once the server has closed the connection.
+    pub async fn is_closed(&mut self) -> bool {
+        let mut b = [0u8; 64];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(10), self.io().read(&mut b)).await,
+            Ok(Ok(0)) | Ok(Err(_))
+        )
+    }
+}
+
+/// Dot-stuffs a CRLF message and appends the terminating `.`.
+pub fn dot_stuff(message: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(message.len() + 8);
+    let mut at_line_start = true;
+    for &b in message {
+        if at_line_start && b == b'.' {
+            out.push(b'.');
+        }
+        out.push(b);
+        at_line_start = b == b'\n';
+    }
+    if !message.ends_with(b"\r\n") {
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b".\r\n");
+    out
+}
+
+/// A small RFC 5322 message from alice@example.test.
+pub fn message(key: Option<&str>, body: &str) -> Vec<u8> {
+    let mut m = String::from(
+        "From: Alice <alice@example.test>\r\nTo: dest@example.net\r\nSubject: test\r\nMessage-ID: <fixed@example.test>\r\n",
+    );
+    if let Some(k) = key {
+        m.push_str(&format!("X-Bird-Idempotency-Key: {k}\r\n"));
+    }
+    m.push_str("\r\n");
+    m.push_str(body);
+    m.push_str("\r\n");
+    m.into_bytes()
+}
