@@ -54,6 +54,8 @@ pub enum Command {
         #[arg(long, default_value_t = 1000)]
         limit: usize,
     },
+    /// Load generator: submit messages over SMTP and report msgs/s and latency.
+    Bench(crate::bench::BenchArgs),
 }
 
 pub fn run(cli: Cli) -> ExitCode {
@@ -67,6 +69,7 @@ pub fn run(cli: Cli) -> ExitCode {
             state,
             limit,
         } => queue(config, state.as_deref(), limit),
+        Command::Bench(args) => bench(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -220,4 +223,14 @@ fn queue(path: PathBuf, state: Option<&str>, limit: usize) -> Result<(), String>
     }
     eprintln!("{} message(s)", messages.len());
     Ok(())
+}
+
+fn bench(args: crate::bench::BenchArgs) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start runtime: {e}"))?;
+    runtime
+        .block_on(crate::bench::run_cli(args))
+        .map_err(|e| format!("bench: {e}"))
 }

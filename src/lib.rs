@@ -4,6 +4,7 @@
 
 pub mod accept;
 pub mod auth;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod idempotency;

@@ -385,6 +385,16 @@ impl Client {
         io.flush().await.expect("flush");
     }
 
+    /// Like `send`, but reports a dropped connection instead of panicking.
+    pub async fn send_checked(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        let io = self
+            .io
+            .as_mut()
+            .ok_or_else(|| std::io::Error::other("closed"))?;
+        io.write_all(bytes).await?;
+        io.flush().await
+    }
+
     /// Reads one complete (possibly multi-line) reply.
     pub async fn read_reply(&mut self) -> Reply {
         self.try_read_reply().await.expect("reply before EOF")

@@ -15,7 +15,7 @@ pub const MAX_BATCH: usize = 256;
 
 pub enum Job {
     Commit {
-        acceptance: Acceptance,
+        acceptance: Box<Acceptance>,
         reply: oneshot::Sender<Result<CommitOutcome, StoreError>>,
         /// Set inside the transaction, sent only after COMMIT.
         outcome: Option<CommitOutcome>,
@@ -34,7 +34,7 @@ impl Job {
         reply: oneshot::Sender<Result<CommitOutcome, StoreError>>,
     ) -> Self {
         Job::Commit {
-            acceptance,
+            acceptance: Box::new(acceptance),
             reply,
             outcome: None,
         }
