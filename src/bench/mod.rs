@@ -70,7 +70,8 @@ pub struct BenchArgs {
     pub from: String,
     #[arg(long, default_value = "sink@example.test")]
     pub to: String,
-    /// key prefix so separate runs don't collide
+    /// Key prefix (default: random). With a fixed prefix every message is
+    /// determined by it, so a second run with the same prefix measures replays.
     #[arg(long)]
     pub key_prefix: Option<String>,
     /// machine-readable summary on stdout
@@ -448,13 +449,19 @@ fn build_shared(args: &BenchArgs) -> Result<Shared, BenchError> {
         rcpt_cmd,
         pipelined_cmds,
     };
+    // With a chosen key prefix the messages are fully determined by it, so
+    // a second run with the same prefix measures replays.
+    let date = match &args.key_prefix {
+        Some(_) => message::rfc5322_date(0),
+        None => message::rfc5322_now(),
+    };
     let template = MessageTemplate::new(
         &prefix,
         !args.no_key,
         &args.from,
         &args.to,
         args.size,
-        &message::rfc5322_now(),
+        &date,
     );
 
     let (total, deadline) = match args.duration {
