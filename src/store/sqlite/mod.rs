@@ -4,6 +4,8 @@
 
 mod inspect;
 mod schema;
+#[cfg(test)]
+mod tests;
 mod writer;
 
 pub use inspect::Inspector;
@@ -27,7 +29,7 @@ const MAX_IDLE_READERS: usize = 8;
 
 pub struct SqliteStore {
     db_path: PathBuf,
-    jobs: mpsc::UnboundedSender<writer::Job>,
+    jobs: Mutex<Option<mpsc::UnboundedSender<writer::Job>>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     readers: Mutex<Vec<Connection>>,
     /// Held for the life of the store: one process per data directory.
@@ -67,7 +69,7 @@ impl SqliteStore {
             .map_err(|e| StoreError::Unavailable(format!("cannot start writer thread: {e}")))?;
         Ok(Self {
             db_path,
-            jobs,
+            jobs: Mutex::new(Some(jobs)),
             writer: Mutex::new(Some(handle)),
             readers: Mutex::new(Vec::new()),
             _lock: lock,
@@ -95,18 +97,29 @@ impl SqliteStore {
     }
 
     fn send(&self, job: writer::Job) -> Result<(), StoreError> {
-        self.jobs
-            .send(job)
-            .map_err(|_| StoreError::Unavailable("ledger writer has stopped".into()))
+        let stopped = || StoreError::Unavailable("ledger writer has stopped".into());
+        let jobs = self.jobs.lock().map_err(|_| stopped())?;
+        jobs.as_ref().ok_or_else(stopped)?.send(job).map_err(|_| stopped())
     }
 
     /// Stops the writer after the jobs already sent, and waits for it.
     pub fn close(self) {
+        self.stop_writer();
+    }
+
+    fn stop_writer(&self) {
+        if let Ok(mut jobs) = self.jobs.lock() {
+            jobs.take();
+        }
         let handle = self.writer.lock().ok().and_then(|mut h| h.take());
-        drop(self.jobs);
         if let Some(handle) = handle {
             let _ = handle.join();
         }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn stop_writer_for_test(&self) {
+        self.stop_writer();
     }
 }
 

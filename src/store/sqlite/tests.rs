@@ -1,0 +1,120 @@
+//! The SQLite store on a real file: atomic ledger+queue commits, group
+//! commit keeping one row per key, expiry, and the data-directory lock.
+
+use super::SqliteStore;
+use crate::store::{
+    Acceptance, CommitOutcome, LedgerEntry, NewLedgerEntry, NewMessage, Store, StoreError,
+};
+
+fn acceptance(id: &str, key: Option<&str>, now: i64, ttl: i64) -> Acceptance {
+    Acceptance {
+        ledger: key.map(|k| NewLedgerEntry {
+            workspace: "ws".into(),
+            key: k.into(),
+            entry: LedgerEntry {
+                fingerprint: [7; 32],
+                reply: format!("250 2.0.0 Ok: queued as {id}\r\n").into_bytes(),
+                queue_id: Some(id.into()),
+                created_at: now,
+                expires_at: now + ttl,
+            },
+        }),
+        message: Some(NewMessage {
+            id: id.into(),
+            workspace: "ws".into(),
+            account: "a".into(),
+            reverse_path: "a@b.test".into(),
+            recipients: vec!["c@d.test".into()],
+            idempotency_key: key.map(str::to_owned),
+            trace: "Received: x\r\n".into(),
+            body: b"Subject: s\r\n\r\nbody\r\n".to_vec(),
+            created_at: now,
+        }),
+    }
+}
+
+fn queue_rows(store: &SqliteStore) -> i64 {
+    let conn = rusqlite::Connection::open(store.db_path()).expect("open");
+    conn.query_row("SELECT COUNT(*) FROM queue", [], |r| r.get(0))
+        .expect("count")
+}
+
+#[tokio::test]
+async fn same_key_in_one_batch_commits_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = SqliteStore::open(dir.path()).expect("open");
+    // Sent back to back, these land in the writer's channel together and
+    // are committed in one transaction.
+    let futures: Vec<_> = (0..50)
+        .map(|i| store.commit(acceptance(&format!("id{i:03}"), Some("k"), 1000, 10_000)))
+        .collect();
+    let mut outcomes = Vec::new();
+    for f in futures {
+        outcomes.push(f.await.expect("commit"));
+    }
+    let committed = outcomes
+        .iter()
+        .filter(|o| **o == CommitOutcome::Committed)
+        .count();
+    assert_eq!(committed, 1, "{outcomes:?}");
+    assert_eq!(queue_rows(&store), 1);
+    let entry = store.lookup("ws", "k", 1001).await.expect("lookup").expect("entry");
+    assert_eq!(entry.queue_id.as_deref(), Some("id000"));
+    assert!(store.lookup("other", "k", 1001).await.expect("lookup").is_none());
+}
+
+#[tokio::test]
+async fn many_keys_batched_all_commit() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = SqliteStore::open(dir.path()).expect("open");
+    let futures: Vec<_> = (0..600)
+        .map(|i| store.commit(acceptance(&format!("m{i:04}"), Some(&format!("k{i}")), 5, 100)))
+        .collect();
+    for f in futures {
+        assert_eq!(f.await.expect("commit"), CommitOutcome::Committed);
+    }
+    assert_eq!(queue_rows(&store), 600);
+}
+
+#[tokio::test]
+async fn expired_entry_is_absent_replaced_and_purged() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = SqliteStore::open(dir.path()).expect("open");
+    let first = store.commit(acceptance("a1", Some("k"), 1000, 100)).await;
+    assert_eq!(first.expect("commit"), CommitOutcome::Committed);
+    assert!(store.lookup("ws", "k", 1099).await.expect("l").is_some());
+    assert!(store.lookup("ws", "k", 1100).await.expect("l").is_none(), "expired at expires_at");
+    // A live entry blocks; an expired one is replaced.
+    let blocked = store.commit(acceptance("a2", Some("k"), 1050, 100)).await;
+    assert_eq!(blocked.expect("commit"), CommitOutcome::KeyTaken);
+    let replaced = store.commit(acceptance("a3", Some("k"), 1200, 100)).await;
+    assert_eq!(replaced.expect("commit"), CommitOutcome::Committed);
+    assert_eq!(queue_rows(&store), 2, "a blocked commit writes no queue row");
+    store.commit(acceptance("b1", Some("k2"), 0, 10)).await.expect("commit");
+    assert_eq!(store.purge_expired(2000, 1).await.expect("purge"), 1);
+    assert_eq!(store.purge_expired(2000, 10).await.expect("purge"), 1);
+    assert_eq!(store.purge_expired(2000, 10).await.expect("purge"), 0);
+    assert_eq!(queue_rows(&store), 3, "purge never removes queue rows");
+}
+
+#[tokio::test]
+async fn one_process_per_data_dir() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = SqliteStore::open(dir.path()).expect("open");
+    match SqliteStore::open(dir.path()) {
+        Err(StoreError::Unavailable(msg)) => assert!(msg.contains("in use"), "{msg}"),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("second store opened the same data dir"),
+    }
+    store.close();
+    SqliteStore::open(dir.path()).expect("reopen after close");
+}
+
+#[tokio::test]
+async fn writer_gone_is_unavailable() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = SqliteStore::open(dir.path()).expect("open");
+    store.stop_writer_for_test();
+    let err = store.commit(acceptance("x", Some("k"), 0, 10)).await;
+    assert!(matches!(err, Err(StoreError::Unavailable(_))), "{err:?}");
+}
