@@ -110,6 +110,8 @@ pub struct Session {
     /// An over-long command line is being skipped up to its newline.
     skipping_long_line: bool,
     bad_commands: u32,
+    /// Set by STARTTLS: whatever was pipelined after it is dropped.
+    discard_input: bool,
     input: Vec<u8>,
     consumed: usize,
     output: Vec<u8>,
@@ -135,6 +137,7 @@ impl Session {
             bdat_failed: false,
             skipping_long_line: false,
             bad_commands: 0,
+            discard_input: false,
             input: Vec::with_capacity(8192),
             consumed: 0,
             output: Vec::with_capacity(1024),
@@ -327,23 +330,33 @@ impl Session {
         if std::mem::take(&mut self.skipping_long_line) {
             return self.line_too_long();
         }
-        let line = self.input[start..end].to_vec();
-        let limit = if matches!(self.state, State::Command) && !starts_with_auth(&line) {
+        // Borrow the line from the buffer without copying it: the buffer is
+        // moved out while the line is handled, then put back.
+        let input = std::mem::take(&mut self.input);
+        let line = &input[start..end];
+        let limit = if matches!(self.state, State::Command) && !starts_with_auth(line) {
             MAX_COMMAND_LINE
         } else {
             MAX_AUTH_LINE
         };
-        if line.len() > limit {
-            return self.line_too_long();
-        }
-        match std::mem::replace(&mut self.state, State::Command) {
-            State::SaslPlain => self.sasl_plain(trim_crlf(&line)),
-            State::SaslLoginUser => self.sasl_login_user(trim_crlf(&line)),
-            State::SaslLoginPassword { username } => {
-                self.sasl_login_password(username, trim_crlf(&line))
+        let action = if line.len() > limit {
+            self.line_too_long()
+        } else {
+            match std::mem::replace(&mut self.state, State::Command) {
+                State::SaslPlain => self.sasl_plain(trim_crlf(line)),
+                State::SaslLoginUser => self.sasl_login_user(trim_crlf(line)),
+                State::SaslLoginPassword { username } => {
+                    self.sasl_login_password(username, trim_crlf(line))
+                }
+                _ => self.command(line),
             }
-            _ => self.command(&line),
+        };
+        self.input = input;
+        if std::mem::take(&mut self.discard_input) {
+            self.input.clear();
+            self.consumed = 0;
         }
+        action
     }
 
     fn line_too_long(&mut self) -> Option<Action> {
@@ -650,8 +663,7 @@ impl Session {
         self.write(Reply::new(220, "2.0.0", "Ready to start TLS"));
         // Plaintext pipelined after STARTTLS must not survive into the TLS
         // session (CVE-2011-0411 style command injection).
-        self.input.clear();
-        self.consumed = 0;
+        self.discard_input = true;
         self.state = State::Waiting;
         Some(Action::StartTls)
     }
@@ -812,12 +824,13 @@ fn trim_crlf(line: &[u8]) -> &[u8] {
 /// A CR not followed by LF, or an LF not preceded by CR: the ambiguity that
 /// SMTP smuggling exploits between relays.
 pub fn find_bare_cr_or_lf(data: &[u8]) -> Option<usize> {
-    let mut i = 0;
-    while i < data.len() {
-        match data[i] {
-            b'\r' if data.get(i + 1) == Some(&b'\n') => i += 2,
-            b'\r' | b'\n' => return Some(i),
-            _ => i += 1,
+    for i in memchr::memchr2_iter(b'\r', b'\n', data) {
+        let bare = match data[i] {
+            b'\r' => data.get(i + 1) != Some(&b'\n'),
+            _ => i == 0 || data[i - 1] != b'\r',
+        };
+        if bare {
+            return Some(i);
         }
     }
     None

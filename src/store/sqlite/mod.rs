@@ -2,6 +2,7 @@
 //! `synchronous = FULL` (a commit is on disk before it returns), one writer
 //! thread, and a small pool of reader connections.
 
+mod checkpoint;
 mod inspect;
 mod schema;
 #[cfg(test)]
@@ -31,6 +32,7 @@ pub struct SqliteStore {
     db_path: PathBuf,
     jobs: Mutex<Option<mpsc::UnboundedSender<writer::Job>>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    checkpointer: Mutex<Option<checkpoint::Checkpointer>>,
     readers: Mutex<Vec<Connection>>,
     /// Held for the life of the store: one process per data directory.
     _lock: File,
@@ -62,6 +64,11 @@ impl SqliteStore {
         let db_path = data_dir.join(DB_FILE);
         let mut conn = open_connection(&db_path, false).map_err(classify)?;
         schema::migrate(&mut conn).map_err(classify)?;
+        // Checkpoints run on their own thread (see checkpoint.rs).
+        conn.pragma_update(None, "wal_autocheckpoint", 0)
+            .map_err(classify)?;
+        let checkpointer = checkpoint::Checkpointer::spawn(db_path.clone())
+            .map_err(|e| StoreError::Unavailable(format!("cannot start checkpoint thread: {e}")))?;
         let (jobs, rx) = mpsc::unbounded_channel();
         let handle = std::thread::Builder::new()
             .name("ledger-writer".into())
@@ -71,6 +78,7 @@ impl SqliteStore {
             db_path,
             jobs: Mutex::new(Some(jobs)),
             writer: Mutex::new(Some(handle)),
+            checkpointer: Mutex::new(Some(checkpointer)),
             readers: Mutex::new(Vec::new()),
             _lock: lock,
         })
@@ -99,7 +107,10 @@ impl SqliteStore {
     fn send(&self, job: writer::Job) -> Result<(), StoreError> {
         let stopped = || StoreError::Unavailable("ledger writer has stopped".into());
         let jobs = self.jobs.lock().map_err(|_| stopped())?;
-        jobs.as_ref().ok_or_else(stopped)?.send(job).map_err(|_| stopped())
+        jobs.as_ref()
+            .ok_or_else(stopped)?
+            .send(job)
+            .map_err(|_| stopped())
     }
 
     /// Stops the writer after the jobs already sent, and waits for it.
@@ -114,6 +125,10 @@ impl SqliteStore {
         let handle = self.writer.lock().ok().and_then(|mut h| h.take());
         if let Some(handle) = handle {
             let _ = handle.join();
+        }
+        let checkpointer = self.checkpointer.lock().ok().and_then(|mut c| c.take());
+        if let Some(checkpointer) = checkpointer {
+            checkpointer.stop();
         }
     }
 

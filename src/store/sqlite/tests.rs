@@ -58,9 +58,19 @@ async fn same_key_in_one_batch_commits_once() {
         .count();
     assert_eq!(committed, 1, "{outcomes:?}");
     assert_eq!(queue_rows(&store), 1);
-    let entry = store.lookup("ws", "k", 1001).await.expect("lookup").expect("entry");
+    let entry = store
+        .lookup("ws", "k", 1001)
+        .await
+        .expect("lookup")
+        .expect("entry");
     assert_eq!(entry.queue_id.as_deref(), Some("id000"));
-    assert!(store.lookup("other", "k", 1001).await.expect("lookup").is_none());
+    assert!(
+        store
+            .lookup("other", "k", 1001)
+            .await
+            .expect("lookup")
+            .is_none()
+    );
 }
 
 #[tokio::test]
@@ -68,7 +78,14 @@ async fn many_keys_batched_all_commit() {
     let dir = tempfile::tempdir().expect("tmp");
     let store = SqliteStore::open(dir.path()).expect("open");
     let futures: Vec<_> = (0..600)
-        .map(|i| store.commit(acceptance(&format!("m{i:04}"), Some(&format!("k{i}")), 5, 100)))
+        .map(|i| {
+            store.commit(acceptance(
+                &format!("m{i:04}"),
+                Some(&format!("k{i}")),
+                5,
+                100,
+            ))
+        })
         .collect();
     for f in futures {
         assert_eq!(f.await.expect("commit"), CommitOutcome::Committed);
@@ -83,14 +100,24 @@ async fn expired_entry_is_absent_replaced_and_purged() {
     let first = store.commit(acceptance("a1", Some("k"), 1000, 100)).await;
     assert_eq!(first.expect("commit"), CommitOutcome::Committed);
     assert!(store.lookup("ws", "k", 1099).await.expect("l").is_some());
-    assert!(store.lookup("ws", "k", 1100).await.expect("l").is_none(), "expired at expires_at");
+    assert!(
+        store.lookup("ws", "k", 1100).await.expect("l").is_none(),
+        "expired at expires_at"
+    );
     // A live entry blocks; an expired one is replaced.
     let blocked = store.commit(acceptance("a2", Some("k"), 1050, 100)).await;
     assert_eq!(blocked.expect("commit"), CommitOutcome::KeyTaken);
     let replaced = store.commit(acceptance("a3", Some("k"), 1200, 100)).await;
     assert_eq!(replaced.expect("commit"), CommitOutcome::Committed);
-    assert_eq!(queue_rows(&store), 2, "a blocked commit writes no queue row");
-    store.commit(acceptance("b1", Some("k2"), 0, 10)).await.expect("commit");
+    assert_eq!(
+        queue_rows(&store),
+        2,
+        "a blocked commit writes no queue row"
+    );
+    store
+        .commit(acceptance("b1", Some("k2"), 0, 10))
+        .await
+        .expect("commit");
     assert_eq!(store.purge_expired(2000, 1).await.expect("purge"), 1);
     assert_eq!(store.purge_expired(2000, 10).await.expect("purge"), 1);
     assert_eq!(store.purge_expired(2000, 10).await.expect("purge"), 0);
