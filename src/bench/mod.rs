@@ -199,8 +199,12 @@ impl Shared {
         self.deadline.is_some_and(|d| Instant::now() >= d)
     }
 
-    /// Claims the next message slot, or `None` when the run is over.
-    fn claim(&self, rng: &mut Rng, next_seq: &mut u64) -> Option<Job> {
+    /// Claims the next message slot, or `None` when the run is over. Fresh
+    /// messages are numbered by the global counter, so the set of keys of a
+    /// run does not depend on how messages spread over connections (a second
+    /// run with the same prefix replays every key); `sent` remembers this
+    /// connection's fresh numbers for `--repeat`.
+    fn claim(&self, rng: &mut Rng, sent: &mut Vec<u64>) -> Option<Job> {
         if self.expired() {
             return None;
         }
@@ -208,15 +212,18 @@ impl Shared {
         if self.total.is_some_and(|t| n >= t) {
             return None;
         }
-        if *next_seq > 0 && self.repeat > 0.0 && rng.next_f64() < self.repeat {
+        if !sent.is_empty() && self.repeat > 0.0 && rng.next_f64() < self.repeat {
+            let pick = usize::try_from(rng.below(sent.len() as u64)).unwrap_or(0);
             return Some(Job {
-                seq: rng.below(*next_seq),
+                seq: sent[pick.min(sent.len() - 1)],
                 replay: true,
             });
         }
-        let seq = *next_seq;
-        *next_seq += 1;
-        Some(Job { seq, replay: false })
+        sent.push(n);
+        Some(Job {
+            seq: n,
+            replay: false,
+        })
     }
 
     fn log(&self, msg: String) {
@@ -295,7 +302,7 @@ async fn worker(id: usize, shared: Arc<Shared>) -> ConnStats {
     let mut stats = ConnStats::default();
     let mut rng = Rng::new(shared.seed ^ (id as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
     let mut payload = Vec::new();
-    let mut next_seq = 0u64;
+    let mut sent: Vec<u64> = Vec::new();
     // A claimed message whose transaction broke; retried on the next
     // connection so count mode still sends exactly `messages` messages.
     let mut pending: Option<Job> = None;
@@ -324,7 +331,7 @@ async fn worker(id: usize, shared: Arc<Shared>) -> ConnStats {
         loop {
             let job = match pending.take() {
                 Some(job) if !shared.expired() => job,
-                _ => match shared.claim(&mut rng, &mut next_seq) {
+                _ => match shared.claim(&mut rng, &mut sent) {
                     Some(job) => job,
                     None => {
                         conn.quit().await;
@@ -332,7 +339,7 @@ async fn worker(id: usize, shared: Arc<Shared>) -> ConnStats {
                     }
                 },
             };
-            shared.template.render(id, job.seq, &mut payload);
+            shared.template.render(0, job.seq, &mut payload);
             match conn.transaction(&shared.session, &payload).await {
                 Ok(res) => {
                     failures = 0;
