@@ -357,6 +357,35 @@ async fn accepted_mail_survives_kill_and_sigterm_is_clean() {
 }
 
 #[tokio::test]
+async fn sigterm_finishes_the_in_flight_commit() {
+    let mut d = Daemon::start(Options::default());
+    let mut idle = Client::login(d.plain, "bob").await;
+    // Hold the write lock so the commit is still running at SIGTERM.
+    let blocker = d.db();
+    blocker.execute_batch("BEGIN IMMEDIATE").expect("lock");
+    let mut busy = Client::login(d.plain, "bob").await;
+    busy.cmd("MAIL FROM:<bob@example.test>").await;
+    busy.cmd("RCPT TO:<a@example.net>").await;
+    busy.cmd("DATA").await;
+    busy.send(&common::dot_stuff(&message(Some("in-flight"), "finish me")))
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    d.signal_term();
+    let r = idle.read_reply().await;
+    assert_eq!(
+        r.code, 421,
+        "idle session told the service is stopping: {r:?}"
+    );
+    assert!(r.has("4.3.2"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    blocker.execute_batch("ROLLBACK").expect("unlock");
+    let r = busy.read_reply().await;
+    assert_eq!(r.code, 250, "in-flight commit finished: {r:?}");
+    assert!(d.wait_exit().success());
+    assert_eq!(d.queue_count(), 1);
+}
+
+#[tokio::test]
 async fn second_daemon_on_same_data_dir_refuses_to_start() {
     let d = Daemon::start(Options::default());
     let out = std::process::Command::new(common::BIN)

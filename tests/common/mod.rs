@@ -151,14 +151,25 @@ impl Daemon {
         }
     }
 
-    /// SIGTERM, then wait for a clean exit.
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let mut child = self.child.take().expect("running daemon");
+    /// Sends SIGTERM without waiting.
+    pub fn signal_term(&self) {
+        let child = self.child.as_ref().expect("running daemon");
         let status = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .status()
             .expect("kill");
         assert!(status.success());
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.signal_term();
+        self.wait_exit()
+    }
+
+    /// Waits (up to 30 s) for the daemon process to exit.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running daemon");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = child.try_wait().expect("wait") {
