@@ -185,6 +185,12 @@ async fn stored_permanent_rejection_is_replayed() {
     let r = send_as(&d, "alice", FROM, TO, fixed).await;
     assert_eq!(r.code, 550, "a corrected message needs a new key: {r:?}");
     assert!(r.has("E01005"));
+    // A restricted account must name an allowed sender in From: at all.
+    let no_from = b"To: dest@example.net\r\nX-Bird-Idempotency-Key: no-from\r\n\r\nhi\r\n";
+    let r = send_as(&d, "alice", FROM, TO, no_from).await;
+    assert_eq!(r.code, 553, "{r:?}");
+    assert!(r.has("no From: address"), "{r:?}");
+    assert!(send_as(&d, "alice", FROM, TO, no_from).await.is_replay());
     // MAIL FROM outside the account's senders is refused before any key.
     let mut c = Client::login(d.plain, "alice").await;
     let r = c.cmd("MAIL FROM:<mallory@elsewhere.test>").await;
