@@ -6,6 +6,7 @@ pub mod accept;
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod delivery;
 pub mod idempotency;
 pub mod server;
 pub mod smtp;
