@@ -681,6 +681,17 @@ fn validate_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Delivery {
         (None, true) => TlsTrust::InsecureSkipVerify,
         (None, false) => TlsTrust::System,
     };
+    if r.username.is_some() != r.password.is_some() {
+        p.add(
+            "relay.password",
+            "relay.username and relay.password go together",
+        );
+    }
+    if let (Some(host), "smarthost") = (&r.smarthost, r.mode.as_str())
+        && let Err(e) = crate::delivery::smarthost::split_host_port(host, TlsMode::None)
+    {
+        p.add("relay.smarthost", e);
+    }
     let test_pause_after_send = r
         .delivery_test_pause_after_send
         .as_deref()
