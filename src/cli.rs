@@ -138,8 +138,10 @@ fn serve(path: PathBuf) -> Result<(), String> {
     let store = Arc::new(SqliteStore::open(&config.data_dir).map_err(|e| e.to_string())?);
     tracing::info!(db = %store.db_path().display(), "ledger and queue open");
     runtime.block_on(async {
-        let server = Server::start(&config, store.clone()).await?;
+        // The worker first: a delivery setting that cannot work (DNS, TLS
+        // roots, outbox folder) stops the daemon before it accepts mail.
         let worker = Worker::start(&config).await.map_err(|e| e.to_string())?;
+        let server = Server::start(&config, store.clone()).await?;
         for (addr, listener) in server.addrs.iter().zip(&config.listeners) {
             // A stable line on stdout that scripts and tests wait for.
             println!("smtp-once listening on {addr} ({:?})", listener.tls);

@@ -560,6 +560,10 @@ async fn mixed_recipient_outcomes_against_a_tiny_server() {
     assert!(mine[0].data.starts_with(b"Received: from client.test"));
 
     let out = status(&a, &id);
+    assert!(
+        out.contains("last error:   <bad@example.net>: 550 5.1.1"),
+        "the failure stays visible:\n{out}"
+    );
     for line in [
         "<ok@example.net>     delivered  250 2.0.0 tiny queued",
         "<bad@example.net>    failed     550 5.1.1 No such user",

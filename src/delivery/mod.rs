@@ -94,3 +94,59 @@ pub fn domain_of(address: &str) -> Option<String> {
         .map(|(_, d)| d.to_ascii_lowercase())
         .filter(|d| !d.is_empty())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, ConfigError, TlsTrust};
+    use std::path::Path;
+    use std::time::Duration;
+
+    const BASE: &str = "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n[[listener]]\naddr = \"127.0.0.1:1\"\n\
+                        [[trusted_network]]\ncidr = \"127.0.0.0/8\"\nworkspace = \"w\"\n";
+
+    fn load(relay: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(
+            Path::new("/etc/smtp-once/x.toml"),
+            &format!("{BASE}[relay]\n{relay}"),
+        )
+    }
+
+    #[test]
+    fn delivery_defaults() {
+        let c = load("mode = \"mx\"").expect("valid");
+        let d = c.delivery;
+        assert_eq!(d.max_age, Duration::from_secs(5 * 86400));
+        assert_eq!(d.retry_schedule.first(), Some(&Duration::from_secs(60)));
+        assert_eq!(
+            d.retry_schedule.last(),
+            Some(&Duration::from_secs(4 * 3600))
+        );
+        assert_eq!((d.workers, d.max_per_destination, d.mx_port), (16, 4, 25));
+        assert_eq!(d.smarthost_trust, TlsTrust::System);
+        assert!(d.test_pause_after_send.is_zero());
+    }
+
+    #[test]
+    fn delivery_keys_are_checked() {
+        let err = load(
+            "mode = \"smarthost\"\nsmarthost = \"h:0\"\nusername = \"u\"\nretry_schedule = []\n\
+             max_age = \"0s\"\nlease = \"1m\"\nworkers = 0\nca_file = \"/nonexistent.pem\"\n",
+        )
+        .expect_err("invalid");
+        let text = err.to_string();
+        for key in [
+            "relay.smarthost",
+            "relay.password",
+            "relay.retry_schedule",
+            "relay.max_age",
+            "relay.lease",
+            "relay.workers",
+            "relay.ca_file",
+        ] {
+            assert!(
+                text.contains(&format!("{key}:")),
+                "{key} missing from {text}"
+            );
+        }
+    }
+}

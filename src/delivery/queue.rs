@@ -229,9 +229,13 @@ impl QueueDb {
             } else {
                 plan.state
             };
+        // An attempt that only delivered keeps an earlier failure visible,
+        // unless the whole message is now delivered.
         tx.execute(
             "UPDATE queue SET state = ?2, attempts = attempts + 1, next_attempt_at = ?3,
-                last_error = ?4, lease_until = NULL, updated_at = ?5
+                last_error = CASE WHEN ?4 IS NOT NULL THEN ?4
+                                  WHEN ?2 = 'delivered' THEN NULL ELSE last_error END,
+                lease_until = NULL, updated_at = ?5
              WHERE id = ?1",
             params![
                 id,
@@ -291,4 +295,97 @@ fn insert_message(tx: &rusqlite::Transaction<'_>, m: &NewMessage) -> rusqlite::R
         params![m.id, m.trace, m.body],
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delivery::RcptResult;
+    use crate::delivery::Status;
+    use crate::delivery::plan::{Policy, plan};
+    use crate::store::sqlite::SqliteStore;
+
+    fn setup() -> (tempfile::TempDir, QueueDb) {
+        let dir = tempfile::tempdir().expect("tmp");
+        SqliteStore::open(dir.path()).expect("store").close();
+        let db = QueueDb::open(dir.path()).expect("queue db");
+        db.conn()
+            .execute_batch(
+                "INSERT INTO queue (id, workspace, account, reverse_path, recipients, size, state,
+                                    attempts, next_attempt_at, created_at, updated_at)
+                 VALUES ('Q1', 'w', 'a', 's@x', 'r1@y\nr2@y', 1, 'queued', 0, 100, 100, 100);
+                 INSERT INTO message_body (queue_id, trace, body) VALUES ('Q1', 'T', x'42');",
+            )
+            .expect("insert");
+        (dir, db)
+    }
+
+    #[test]
+    fn a_lease_keeps_others_away_until_it_expires() {
+        let (_dir, db) = setup();
+        assert!(
+            db.claim(99, 1000, 10).expect("claim").is_empty(),
+            "not due yet"
+        );
+        assert_eq!(db.claim(100, 1000, 10).expect("claim"), ["Q1"]);
+        assert!(db.claim(999, 2000, 10).expect("claim").is_empty(), "leased");
+        assert_eq!(db.next_due().expect("due"), Some(1000));
+        assert_eq!(
+            db.claim(1000, 3000, 10).expect("claim"),
+            ["Q1"],
+            "lease expired"
+        );
+        assert_eq!(db.release_all(1500).expect("release"), 1);
+        let (state, next): (String, i64) = db
+            .conn()
+            .query_row("SELECT state, next_attempt_at FROM queue", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .expect("row");
+        assert_eq!((state.as_str(), next), ("queued", 1500));
+    }
+
+    #[test]
+    fn delivered_recipients_are_never_pending_again() {
+        let (_dir, db) = setup();
+        db.claim(100, 1000, 10).expect("claim");
+        let policy = Policy {
+            retry_schedule: vec![Duration::from_secs(1)],
+            max_age: Duration::from_secs(3600),
+        };
+        let results = vec![
+            RcptResult::new("r1@y", Status::Delivered, "250 ok"),
+            RcptResult::new("r2@y", Status::Deferred, "451 later"),
+        ];
+        let p = plan(&policy, 100, 1, &[], results, 200);
+        assert_eq!(
+            db.record("Q1", &p, 200, None).expect("record"),
+            Some(MessageState::Deferred)
+        );
+        let loaded = db.load("Q1").expect("load").expect("row");
+        assert_eq!(loaded.pending(), ["r2@y"]);
+        assert_eq!(loaded.attempts, 1);
+
+        // Held while the next attempt runs: a deferral keeps it held.
+        db.claim(1200, 5000, 10).expect("claim");
+        db.hold("Q1", 1300).expect("hold");
+        let p = plan(
+            &policy,
+            100,
+            2,
+            &[Outcome::Delivered],
+            vec![RcptResult::new("r2@y", Status::Deferred, "451")],
+            1400,
+        );
+        assert_eq!(
+            db.record("Q1", &p, 1400, None).expect("record"),
+            Some(MessageState::Held)
+        );
+        db.delete("Q1", 1500).expect("delete");
+        assert_eq!(
+            db.record("Q1", &p, 1600, None).expect("record"),
+            None,
+            "deleted meanwhile"
+        );
+    }
 }
