@@ -414,6 +414,50 @@ async fn smarthost_down_is_deferred_then_retry_delivers_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smarthost_over_starttls_and_implicit_tls() {
+    let b = Daemon::start(Options {
+        allow_plaintext: false,
+        ..Options::default()
+    });
+    let cert = common::repo_path("certs/dev-cert.pem");
+    let relays = [
+        // Verified against the dev certificate (it names 127.0.0.1).
+        (
+            b.starttls,
+            format!("tls = \"starttls\"\nca_file = \"{}\"\n", cert.display()),
+        ),
+        (
+            b.implicit,
+            "tls = \"implicit\"\ninsecure_skip_verify = true\n".to_string(),
+        ),
+    ];
+    for (i, (addr, tls)) in relays.iter().enumerate() {
+        let relay = format!(
+            "[relay]\nmode = \"smarthost\"\nsmarthost = \"{addr}\"\nusername = \"bob\"\npassword = \"bob-pw\"\n{tls}"
+        );
+        let a = Daemon::start(Options {
+            relay: Some(relay),
+            extra: FAST.into(),
+            ..Options::default()
+        });
+        let key = format!("tls-{i}");
+        let id = submit(
+            &a,
+            "bob",
+            "bob@example.test",
+            &["r@example.net"],
+            &message(Some(&key), "tls"),
+        )
+        .await;
+        wait_state(&a, &id, "delivered").await;
+        let in_b = b.queue_ids_for_key(&key);
+        assert_eq!(in_b.len(), 1);
+        let (trace, _) = stored(&b, &in_b[0]);
+        assert!(trace.contains("with ESMTPSA id"), "TLS and AUTH: {trace}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recipients_refused_for_now_are_retried_alone_under_their_own_key() {
     let b = Daemon::start(Options {
         max_recipients: 1,

@@ -269,7 +269,14 @@ async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
         Ok(r) if (200..300).contains(&r.code) => {}
         Ok(r) => {
             let _ = c.cmd(b"RSET\r\n").await;
-            return RcptResult::all(rcpts, status_of(r.code), &format_reply(&r), None);
+            // 530: the next hop wants AUTH we did not do. That is our
+            // configuration to fix, not the sender's mail to bounce.
+            let status = if r.code == 530 {
+                Status::Deferred
+            } else {
+                status_of(r.code)
+            };
+            return RcptResult::all(rcpts, status, &format_reply(&r), None);
         }
         Err(e) => return lost(rcpts, "MAIL FROM", &e),
     }
