@@ -108,10 +108,10 @@ impl Worker {
 async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration) {
     let permits = Arc::new(Semaphore::new(ctx.workers));
     let mut tasks = JoinSet::new();
-    loop {
+    while !*stop.borrow() {
         while tasks.try_join_next().is_some() {}
         let free = permits.available_permits();
-        let mut claimed = 0;
+        let (mut claimed, mut failed) = (0, false);
         if free > 0 {
             let now = now_millis();
             let lease_until = now.saturating_add(millis(ctx.lease));
@@ -125,16 +125,26 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration) {
                         tasks.spawn(deliver_one(ctx.clone(), id, permit));
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot claim messages"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot claim messages");
+                    failed = true;
+                }
             }
         }
         if claimed > 0 && claimed == free {
             continue; // maybe more are due
         }
-        let wait = match blocking(&ctx.db, |db| db.next_due()).await {
-            Ok(Some(due)) => Duration::from_millis(u64::try_from(due - now_millis()).unwrap_or(0))
-                .min(ctx.poll_interval),
-            _ => ctx.poll_interval,
+        // All workers busy: a finished delivery wakes the loop, not a timer.
+        let wait = if free == 0 || failed {
+            ctx.poll_interval
+        } else {
+            match blocking(&ctx.db, |db| db.next_due()).await {
+                Ok(Some(due)) => {
+                    Duration::from_millis(u64::try_from(due - now_millis()).unwrap_or(0))
+                        .min(ctx.poll_interval)
+                }
+                _ => ctx.poll_interval,
+            }
         };
         tokio::select! {
             _ = tokio::time::sleep(wait.max(Duration::from_millis(10))) => {}
