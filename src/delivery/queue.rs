@@ -93,7 +93,14 @@ impl QueueDb {
     /// (no other process can hold a lease on this data directory) and after
     /// the worker stopped.
     pub fn release_all(&self, now: UnixMillis) -> Result<usize, DeliveryError> {
-        Ok(self.conn().execute(
+        let conn = self.conn();
+        // Held during an attempt that will never record: `release` need
+        // not wait for that lease.
+        conn.execute(
+            "UPDATE queue SET lease_until = NULL WHERE state = 'held' AND lease_until IS NOT NULL",
+            [],
+        )?;
+        Ok(conn.execute(
             &format!(
                 "UPDATE queue SET state = {UNCLAIMED_STATE}, lease_until = NULL,
                     next_attempt_at = ?1, updated_at = ?1

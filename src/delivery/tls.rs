@@ -56,3 +56,13 @@ pub fn unverified() -> Result<TlsConnector, String> {
     crate::server::tls::install_crypto_provider();
     mail_send::smtp::tls::build_tls_connector(true)
 }
+
+#[cfg(test)]
+mod tests {
+    /// mail-send's connectors need a process-wide provider; ours installs it.
+    #[test]
+    fn connectors_build_without_a_provider_set_up_by_the_caller() {
+        super::connector(&crate::config::TlsTrust::System).expect("system roots");
+        super::unverified().expect("unverified");
+    }
+}
