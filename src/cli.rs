@@ -8,9 +8,12 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 
 use crate::config::Config;
+use crate::delivery::queue::QueueDb;
+use crate::delivery::status::format_delivery;
+use crate::delivery::{DeliveryError, Worker};
 use crate::server::Server;
 use crate::store::sqlite::{Inspector, SqliteStore};
-use crate::store::{MessageState, MessageStatus};
+use crate::store::{MessageState, MessageStatus, now_millis};
 use crate::trace::rfc5322_date;
 
 #[derive(Parser, Debug)]
@@ -56,6 +59,37 @@ pub enum Command {
     },
     /// Load generator: submit messages over SMTP and report msgs/s and latency.
     Bench(crate::bench::BenchArgs),
+    /// Make queued or deferred messages due now.
+    Retry {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Every queued and deferred message.
+        #[arg(long, conflicts_with = "queue_ids")]
+        all: bool,
+        #[arg(required_unless_present = "all")]
+        queue_ids: Vec<String>,
+    },
+    /// Stop delivery attempts for messages until `release`.
+    Hold {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(required = true)]
+        queue_ids: Vec<String>,
+    },
+    /// Put held messages back in the queue, due now.
+    Release {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(required = true)]
+        queue_ids: Vec<String>,
+    },
+    /// Remove messages from the queue for good.
+    Delete {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(required = true)]
+        queue_ids: Vec<String>,
+    },
 }
 
 pub fn run(cli: Cli) -> ExitCode {
@@ -70,6 +104,14 @@ pub fn run(cli: Cli) -> ExitCode {
             limit,
         } => queue(config, state.as_deref(), limit),
         Command::Bench(args) => bench(args),
+        Command::Retry {
+            config,
+            all,
+            queue_ids,
+        } => retry(config, all, &queue_ids),
+        Command::Hold { config, queue_ids } => operate(config, &queue_ids, Op::Hold),
+        Command::Release { config, queue_ids } => operate(config, &queue_ids, Op::Release),
+        Command::Delete { config, queue_ids } => operate(config, &queue_ids, Op::Delete),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -100,6 +142,9 @@ fn serve(path: PathBuf) -> Result<(), String> {
     let store = Arc::new(SqliteStore::open(&config.data_dir).map_err(|e| e.to_string())?);
     tracing::info!(db = %store.db_path().display(), "ledger and queue open");
     runtime.block_on(async {
+        // The worker first: a delivery setting that cannot work (DNS, TLS
+        // roots, outbox folder) stops the daemon before it accepts mail.
+        let worker = Worker::start(&config).await.map_err(|e| e.to_string())?;
         let server = Server::start(&config, store.clone()).await?;
         for (addr, listener) in server.addrs.iter().zip(&config.listeners) {
             // A stable line on stdout that scripts and tests wait for.
@@ -107,8 +152,8 @@ fn serve(path: PathBuf) -> Result<(), String> {
         }
         let _ = std::io::stdout().flush();
         wait_for_signal().await;
-        tracing::info!("stopping: finishing in-flight transactions");
-        server.shutdown().await;
+        tracing::info!("stopping: finishing in-flight transactions and deliveries");
+        tokio::join!(server.shutdown(), worker.shutdown());
         Ok::<(), String>(())
     })?;
     drop(runtime);
@@ -175,8 +220,11 @@ fn inspector(path: &std::path::Path) -> Result<Inspector, String> {
 }
 
 fn status(path: PathBuf, id: &str) -> Result<(), String> {
-    let m = inspector(&path)?.message(id).map_err(|e| e.to_string())?;
+    let inspector = inspector(&path)?;
+    let m = inspector.message(id).map_err(|e| e.to_string())?;
+    let attempts = inspector.attempts(id).map_err(|e| e.to_string())?;
     print!("{}", format_status(&m));
+    print!("{}", format_delivery(&m.recipients, &attempts));
     Ok(())
 }
 
@@ -212,8 +260,14 @@ fn queue(path: PathBuf, state: Option<&str>, limit: usize) -> Result<(), String>
         .messages(state, limit)
         .map_err(|e| e.to_string())?;
     for m in &messages {
+        let error = match (&m.last_error, m.state) {
+            (Some(e), s) if s != MessageState::Delivered => {
+                format!(" error={:?}", e.chars().take(100).collect::<String>())
+            }
+            _ => String::new(),
+        };
         println!(
-            "{} {:<10} attempts={} size={} from=<{}> to={}",
+            "{} {:<10} attempts={} size={} from=<{}> to={}{error}",
             m.id,
             m.state.as_str(),
             m.attempts,
@@ -234,4 +288,64 @@ fn bench(args: crate::bench::BenchArgs) -> Result<(), String> {
     runtime
         .block_on(crate::bench::run_cli(args))
         .map_err(|e| format!("bench: {e}"))
+}
+
+fn queue_db(path: &std::path::Path) -> Result<QueueDb, String> {
+    let config = Config::load(path).map_err(|e| e.to_string())?;
+    QueueDb::open(&config.data_dir).map_err(|e| e.to_string())
+}
+
+fn retry(path: PathBuf, all: bool, ids: &[String]) -> Result<(), String> {
+    let db = queue_db(&path)?;
+    if all {
+        let n = db.retry_all_now(now_millis()).map_err(|e| e.to_string())?;
+        println!("{n} message(s) due now");
+        return Ok(());
+    }
+    operate_on(ids, |id| {
+        db.retry_now(id, now_millis())
+            .map(|state| format!("{id}: {}, due now", state.as_str()))
+    })
+}
+
+#[derive(Clone, Copy)]
+enum Op {
+    Hold,
+    Release,
+    Delete,
+}
+
+fn operate(path: PathBuf, ids: &[String], op: Op) -> Result<(), String> {
+    let db = queue_db(&path)?;
+    operate_on(ids, |id| {
+        let now = now_millis();
+        match op {
+            Op::Hold => db.hold(id, now).map(|_| format!("{id}: held")),
+            Op::Release => db
+                .release(id, now)
+                .map(|state| format!("{id}: released ({}), due now", state.as_str())),
+            Op::Delete => db.delete(id, now).map(|()| format!("{id}: deleted")),
+        }
+    })
+}
+
+/// Applies `f` to every id, printing each result; fails if any failed.
+fn operate_on(
+    ids: &[String],
+    f: impl Fn(&str) -> Result<String, DeliveryError>,
+) -> Result<(), String> {
+    let mut failed = 0;
+    for id in ids {
+        match f(id) {
+            Ok(line) => println!("{line}"),
+            Err(e) => {
+                eprintln!("smtp-once: {e}");
+                failed += 1;
+            }
+        }
+    }
+    match failed {
+        0 => Ok(()),
+        n => Err(format!("{n} of {} message(s) not changed", ids.len())),
+    }
 }

@@ -137,6 +137,41 @@ pub struct RawRelay {
     pub tls: Option<String>,
     pub username: Option<String>,
     pub password: Option<String>,
+    /// Smarthost: PEM file of the certificates to trust instead of the
+    /// system's roots (e.g. a private CA, or the dev certificate in tests).
+    pub ca_file: Option<PathBuf>,
+    /// Smarthost: skip certificate verification. Loopback testing only.
+    #[serde(default)]
+    pub insecure_skip_verify: bool,
+    /// Waits after a failed attempt: the n-th deferral waits the n-th entry,
+    /// later ones the last entry.
+    #[serde(default = "default_retry_schedule")]
+    pub retry_schedule: Vec<String>,
+    /// Age at which a still-deferred recipient expires (and bounces).
+    #[serde(default = "default_max_age")]
+    pub max_age: String,
+    /// Messages delivered at the same time, in total.
+    #[serde(default = "default_workers")]
+    pub workers: usize,
+    /// Concurrent transactions to one destination (smarthost or MX domain).
+    #[serde(default = "default_max_per_destination")]
+    pub max_per_destination: usize,
+    /// How long a claimed message belongs to the worker that claimed it.
+    #[serde(default = "default_lease")]
+    pub lease: String,
+    /// How often the worker looks for newly accepted messages.
+    #[serde(default = "default_poll_interval")]
+    pub poll_interval: String,
+    /// Per SMTP command (connect, each reply, the message transfer).
+    #[serde(default = "default_smtp_timeout")]
+    pub timeout: String,
+    /// The port MX hosts are contacted on (25; another one only for tests).
+    #[serde(default = "default_mx_port")]
+    pub mx_port: u16,
+    /// TEST ONLY: sleep this long after the next hop answered DATA and
+    /// before recording the outcome, so a test can kill the process there.
+    #[serde(default)]
+    pub delivery_test_pause_after_send: Option<String>,
 }
 
 impl Default for RawRelay {
@@ -148,6 +183,17 @@ impl Default for RawRelay {
             tls: None,
             username: None,
             password: None,
+            ca_file: None,
+            insecure_skip_verify: false,
+            retry_schedule: default_retry_schedule(),
+            max_age: default_max_age(),
+            workers: default_workers(),
+            max_per_destination: default_max_per_destination(),
+            lease: default_lease(),
+            poll_interval: default_poll_interval(),
+            timeout: default_smtp_timeout(),
+            mx_port: default_mx_port(),
+            delivery_test_pause_after_send: None,
         }
     }
 }
@@ -185,6 +231,34 @@ fn default_purge_interval() -> String {
 fn default_relay_mode() -> String {
     "file".into()
 }
+/// Roughly doubling, capped at 4h: quick recovery from a blip, little load
+/// on a host that is down for long.
+fn default_retry_schedule() -> Vec<String> {
+    ["1m", "2m", "4m", "8m", "16m", "32m", "1h", "2h", "4h"]
+        .map(String::from)
+        .to_vec()
+}
+fn default_max_age() -> String {
+    "5d".into()
+}
+fn default_workers() -> usize {
+    16
+}
+fn default_max_per_destination() -> usize {
+    4
+}
+fn default_lease() -> String {
+    "30m".into()
+}
+fn default_poll_interval() -> String {
+    "1s".into()
+}
+fn default_smtp_timeout() -> String {
+    "5m".into()
+}
+fn default_mx_port() -> u16 {
+    25
+}
 
 /// Validated settings the daemon runs on.
 #[derive(Debug, Clone)]
@@ -207,6 +281,34 @@ pub struct Config {
     pub retention: Duration,
     pub purge_interval: Duration,
     pub relay: Relay,
+    pub delivery: Delivery,
+}
+
+/// How the delivery worker runs, whatever the relay mode.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub retry_schedule: Vec<Duration>,
+    pub max_age: Duration,
+    pub workers: usize,
+    pub max_per_destination: usize,
+    pub lease: Duration,
+    pub poll_interval: Duration,
+    pub timeout: Duration,
+    pub mx_port: u16,
+    /// Certificate check for a smarthost reached over TLS.
+    pub smarthost_trust: TlsTrust,
+    /// TEST ONLY (`relay.delivery_test_pause_after_send`).
+    pub test_pause_after_send: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsTrust {
+    /// The operating system's trust store.
+    System,
+    /// Only the certificates in this PEM file.
+    CaFile(PathBuf),
+    /// No verification at all (loopback testing).
+    InsecureSkipVerify,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -492,6 +594,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
             Relay::Mx
         }
     };
+    let delivery = validate_delivery(r, base, p);
 
     Config {
         path: path.to_path_buf(),
@@ -512,6 +615,100 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         retention,
         purge_interval,
         relay,
+        delivery,
+    }
+}
+
+fn validate_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Delivery {
+    if r.retry_schedule.is_empty() {
+        p.add("relay.retry_schedule", "needs at least one duration");
+    }
+    let retry_schedule: Vec<Duration> = r
+        .retry_schedule
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let key = format!("relay.retry_schedule[{i}]");
+            let d = p.duration(&key, d);
+            if d.is_zero() {
+                p.add(key, "must be greater than 0");
+            }
+            d
+        })
+        .collect();
+    let max_age = p.duration("relay.max_age", &r.max_age);
+    let lease = p.duration("relay.lease", &r.lease);
+    let poll_interval = p.duration("relay.poll_interval", &r.poll_interval);
+    let timeout = p.duration("relay.timeout", &r.timeout);
+    for (key, d) in [
+        ("relay.max_age", max_age),
+        ("relay.poll_interval", poll_interval),
+        ("relay.timeout", timeout),
+    ] {
+        if d.is_zero() {
+            p.add(key, "must be greater than 0");
+        }
+    }
+    // A delivery is cut off at half the lease, so the lease must leave
+    // room for at least a couple of SMTP round trips.
+    if lease < timeout * 2 {
+        p.add("relay.lease", "must be at least twice relay.timeout");
+    }
+    if r.workers == 0 {
+        p.add("relay.workers", "must be greater than 0");
+    }
+    if r.max_per_destination == 0 {
+        p.add("relay.max_per_destination", "must be greater than 0");
+    }
+    if r.mx_port == 0 {
+        p.add("relay.mx_port", "must be a port number");
+    }
+    let smarthost_trust = match (&r.ca_file, r.insecure_skip_verify) {
+        (Some(_), true) => {
+            p.add(
+                "relay.insecure_skip_verify",
+                "cannot be combined with relay.ca_file",
+            );
+            TlsTrust::System
+        }
+        (Some(file), false) => {
+            let file = resolve(base, file);
+            if let Err(e) = crate::delivery::tls::load_roots(&file) {
+                p.add("relay.ca_file", e);
+            }
+            TlsTrust::CaFile(file)
+        }
+        (None, true) => TlsTrust::InsecureSkipVerify,
+        (None, false) => TlsTrust::System,
+    };
+    if r.username.is_some() != r.password.is_some() {
+        p.add(
+            "relay.password",
+            "relay.username and relay.password go together",
+        );
+    }
+    if let (Some(host), "smarthost") = (&r.smarthost, r.mode.as_str())
+        && let Err(e) = crate::delivery::smarthost::split_host_port(host, TlsMode::None)
+    {
+        p.add("relay.smarthost", e);
+    }
+    let test_pause_after_send = r
+        .delivery_test_pause_after_send
+        .as_deref()
+        .map_or(Duration::ZERO, |d| {
+            p.duration("relay.delivery_test_pause_after_send", d)
+        });
+    Delivery {
+        retry_schedule,
+        max_age,
+        workers: r.workers,
+        max_per_destination: r.max_per_destination,
+        lease,
+        poll_interval,
+        timeout,
+        mx_port: r.mx_port,
+        smarthost_trust,
+        test_pause_after_send,
     }
 }
 

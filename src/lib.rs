@@ -7,6 +7,7 @@ pub mod auth;
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod delivery;
 pub mod idempotency;
 pub mod server;
 pub mod smtp;

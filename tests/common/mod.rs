@@ -43,6 +43,11 @@ pub struct Options {
     pub allow_plaintext: bool,
     pub trusted_network: Option<(&'static str, &'static str)>,
     pub extra: String,
+    /// Replaces the whole `[relay]` section (default: file mode into
+    /// `outbox/`); `extra` is appended after it either way.
+    pub relay: Option<String>,
+    /// A fixed address for the plaintext listener (default: ephemeral).
+    pub plain_addr: Option<String>,
 }
 
 impl Default for Options {
@@ -57,6 +62,8 @@ impl Default for Options {
             allow_plaintext: true,
             trusted_network: None,
             extra: String::new(),
+            relay: None,
+            plain_addr: None,
         }
     }
 }
@@ -96,6 +103,11 @@ impl Daemon {
 
     pub fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
+    }
+
+    /// Where the default `[relay]` (file mode) writes messages.
+    pub fn outbox(&self) -> PathBuf {
+        self.dir.path().join("outbox")
     }
 
     /// Starts the binary on the existing config and data directory and
@@ -237,6 +249,13 @@ fn config_text(o: &Options, dir: &Path) -> String {
             users.push_str(&format!("allowed_senders = [\"{s}\"]\n"));
         }
     }
+    let relay = o.relay.clone().unwrap_or_else(|| {
+        format!(
+            "[relay]\nmode = \"file\"\ndir = \"{}\"",
+            dir.join("outbox").display()
+        )
+    });
+    let plain_addr = o.plain_addr.as_deref().unwrap_or("127.0.0.1:0");
     let trusted = o
         .trusted_network
         .map(|(cidr, ws)| format!("[[trusted_network]]\ncidr = \"{cidr}\"\nworkspace = \"{ws}\"\n"))
@@ -252,7 +271,7 @@ command_timeout = "{timeout}"
 shutdown_grace = "10s"
 
 [[listener]]
-addr = "127.0.0.1:0"
+addr = "{plain_addr}"
 tls = "none"
 
 [[listener]]
@@ -276,9 +295,7 @@ allow_plaintext = {plain}
 retention = "{retention}"
 purge_interval = "{purge}"
 
-[relay]
-mode = "file"
-dir = "{outbox}"
+{relay}
 {extra}
 "#,
         data = dir.join("data").display(),
@@ -291,7 +308,6 @@ dir = "{outbox}"
         plain = o.allow_plaintext,
         retention = o.retention,
         purge = o.purge_interval,
-        outbox = dir.join("outbox").display(),
         extra = o.extra,
     )
 }

@@ -6,6 +6,7 @@ use std::path::Path;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::{DB_FILE, classify, open_connection};
+use crate::delivery::status::AttemptRecord;
 use crate::store::{MessageState, MessageStatus, StoreError};
 
 pub struct Inspector {
@@ -102,5 +103,40 @@ impl Inspector {
             .query_row("SELECT COUNT(*) FROM queue", [], |r| r.get::<_, i64>(0))
             .map(i64::unsigned_abs)
             .map_err(classify)
+    }
+
+    /// Every delivery attempt of a message, oldest first (none for a
+    /// database that predates delivery).
+    pub fn attempts(&self, id: &str) -> Result<Vec<AttemptRecord>, StoreError> {
+        let has_table: bool = self
+            .conn
+            .query_row(
+                "SELECT EXISTS(SELECT 1 FROM sqlite_master WHERE name = 'delivery_attempt')",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(classify)?;
+        if !has_table {
+            return Ok(Vec::new());
+        }
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT at, recipient, outcome, reply, next_hop FROM delivery_attempt
+                 WHERE queue_id = ?1 ORDER BY id",
+            )
+            .map_err(classify)?;
+        let rows = stmt
+            .query_map([id], |r| {
+                Ok(AttemptRecord {
+                    at: r.get(0)?,
+                    recipient: r.get(1)?,
+                    outcome: r.get(2)?,
+                    reply: r.get(3)?,
+                    next_hop: r.get(4)?,
+                })
+            })
+            .map_err(classify)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(classify)
     }
 }

@@ -40,6 +40,19 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (workspace, key)
      ) WITHOUT ROWID;
      CREATE INDEX ledger_expiry ON ledger(expires_at);",
+    // 2: every delivery attempt, one row per recipient. A recipient whose
+    //    latest row is delivered, failed or expired is done; the others are
+    //    still pending, so a retry never resends to a delivered recipient.
+    "CREATE TABLE delivery_attempt (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        queue_id TEXT NOT NULL REFERENCES queue(id) ON DELETE CASCADE,
+        recipient TEXT NOT NULL,
+        at INTEGER NOT NULL,
+        outcome TEXT NOT NULL,
+        reply TEXT NOT NULL,
+        next_hop TEXT
+     );
+     CREATE INDEX delivery_attempt_queue ON delivery_attempt(queue_id, id);",
 ];
 
 pub fn migrate(conn: &mut Connection) -> rusqlite::Result<u32> {

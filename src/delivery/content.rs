@@ -1,0 +1,203 @@
+//! The bytes relayed for one transaction: our trace header, the
+//! `X-Bird-Idempotency-Key` the next hop deduplicates on, and the body as
+//! accepted.
+//!
+//! The key must name exactly one envelope at the next hop. A transaction to
+//! every recipient carries the submitter's key unchanged (or
+//! `smtp-once-<queue-id>` when there was none). A transaction to only some of
+//! them (a retry of the deferred ones, one MX domain of several) carries
+//! `<key>/<hash of those recipients>`: with the bare key, the next hop would
+//! see a second envelope under a used key and refuse it (E01005). Every
+//! value is a function of the stored message and the recipient set only, so
+//! a retry after a crash sends the same bytes and is replayed, not
+//! delivered twice.
+
+use sha2::{Digest, Sha256};
+
+use crate::idempotency::key::{HEADER_NAME, MAX_KEY_CHARS, field_spans};
+
+/// The key for a transaction to `subset` of the message's `all` recipients.
+pub fn hop_key(
+    queue_id: &str,
+    submitter_key: Option<&str>,
+    all: &[String],
+    subset: &[String],
+) -> String {
+    let base = submitter_key.map_or_else(|| format!("smtp-once-{queue_id}"), str::to_owned);
+    if same_set(all, subset) {
+        return base;
+    }
+    let suffix = subset_hash(subset);
+    let key = format!("{base}/{suffix}");
+    if key.chars().count() <= MAX_KEY_CHARS {
+        key
+    } else {
+        format!("smtp-once-{queue_id}/{suffix}")
+    }
+}
+
+/// The message as relayed to `subset` of the recipients.
+pub fn relayed(
+    queue_id: &str,
+    trace: &str,
+    body: &[u8],
+    submitter_key: Option<&str>,
+    all: &[String],
+    subset: &[String],
+) -> Vec<u8> {
+    let key = hop_key(queue_id, submitter_key, all, subset);
+    let mut out = Vec::with_capacity(trace.len() + key.len() + body.len() + 32);
+    out.extend_from_slice(trace.as_bytes());
+    if submitter_key == Some(key.as_str()) {
+        // The body carries the key already, byte for byte as submitted.
+        out.extend_from_slice(body);
+        return out;
+    }
+    out.extend_from_slice(format!("{HEADER_NAME}: {key}\r\n").as_bytes());
+    // Any key header of the body (empty, or the submitter's key that this
+    // transaction replaces) goes, so the next hop sees exactly one key.
+    let mut pos = 0;
+    for field in field_spans(body) {
+        let is_key = body
+            .get(field.name.clone())
+            .is_some_and(|n| n.eq_ignore_ascii_case(HEADER_NAME.as_bytes()));
+        if !is_key {
+            continue;
+        }
+        out.extend_from_slice(body.get(pos..field.name.start).unwrap_or_default());
+        let rest = body.get(field.value.end..).unwrap_or_default();
+        let line_break = if rest.starts_with(b"\r\n") {
+            2
+        } else {
+            usize::from(rest.starts_with(b"\n"))
+        };
+        pos = field.value.end + line_break;
+    }
+    out.extend_from_slice(body.get(pos..).unwrap_or_default());
+    out
+}
+
+fn same_set(a: &[String], b: &[String]) -> bool {
+    let mut a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let mut b: Vec<&str> = b.iter().map(String::as_str).collect();
+    a.sort_unstable();
+    a.dedup();
+    b.sort_unstable();
+    b.dedup();
+    a == b
+}
+
+fn subset_hash(subset: &[String]) -> String {
+    let mut sorted: Vec<&str> = subset.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut h = Sha256::new();
+    for r in sorted {
+        h.update(r.as_bytes());
+        h.update(b"\n");
+    }
+    h.finalize()[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// SMTP DATA transparency (RFC 5321 4.5.2): a leading `.` on a line is
+/// doubled, the content ends with CRLF, then the `.` terminator.
+pub fn dot_stuffed(content: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(content.len() + content.len() / 64 + 8);
+    let mut line_start = true;
+    for &b in content {
+        if line_start && b == b'.' {
+            out.push(b'.');
+        }
+        out.push(b);
+        line_start = b == b'\n';
+    }
+    if !content.is_empty() && !content.ends_with(b"\r\n") {
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b".\r\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::idempotency::key::extract_key;
+
+    fn v(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    const TRACE: &str = "Received: from x by y; date\r\n";
+
+    #[test]
+    fn a_full_transaction_keeps_the_submitters_bytes() {
+        let body = b"X-Bird-Idempotency-Key: k1\r\nSubject: s\r\n\r\nhi\r\n";
+        let all = v(&["a@x", "b@y"]);
+        let out = relayed("Q1", TRACE, body, Some("k1"), &all, &v(&["b@y", "a@x"]));
+        assert_eq!(out, [TRACE.as_bytes(), body].concat());
+    }
+
+    #[test]
+    fn without_a_key_one_is_derived_from_the_queue_id() {
+        let body = b"X-Bird-Idempotency-Key:  \r\nSubject: s\r\n\r\nhi\r\n";
+        let all = v(&["a@x"]);
+        let out = relayed("Q1", TRACE, body, None, &all, &all);
+        let text = String::from_utf8(out.clone()).unwrap();
+        assert!(text.starts_with(TRACE), "{text}");
+        assert_eq!(extract_key(&out), Ok(Some("smtp-once-Q1".into())));
+        assert!(
+            text.ends_with("X-Bird-Idempotency-Key: smtp-once-Q1\r\nSubject: s\r\n\r\nhi\r\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_partial_transaction_gets_its_own_stable_key() {
+        let body = b"Subject: s\r\nx-bird-idempotency-key: k1\r\n\tfolded\r\n\r\nhi\r\n";
+        let all = v(&["a@x", "b@y", "c@z"]);
+        let first = relayed(
+            "Q1",
+            TRACE,
+            body,
+            Some("k1 folded"),
+            &all,
+            &v(&["b@y", "c@z"]),
+        );
+        let again = relayed(
+            "Q1",
+            TRACE,
+            body,
+            Some("k1 folded"),
+            &all,
+            &v(&["c@z", "b@y"]),
+        );
+        let other = relayed("Q1", TRACE, body, Some("k1 folded"), &all, &v(&["c@z"]));
+        assert_eq!(first, again);
+        let k1 = extract_key(&first).unwrap().unwrap();
+        let k2 = extract_key(&other).unwrap().unwrap();
+        assert!(k1.starts_with("k1 folded/") && k1 != k2, "{k1} {k2}");
+        let text = String::from_utf8(first).unwrap();
+        assert_eq!(text.matches("dempotency-Key").count(), 1, "{text}");
+        assert!(text.ends_with("Subject: s\r\n\r\nhi\r\n"), "{text}");
+    }
+
+    #[test]
+    fn a_long_key_falls_back_to_the_queue_id() {
+        let long = "k".repeat(MAX_KEY_CHARS);
+        let key = hop_key("Q1", Some(&long), &v(&["a@x", "b@y"]), &v(&["a@x"]));
+        assert!(key.starts_with("smtp-once-Q1/"), "{key}");
+    }
+
+    #[test]
+    fn dot_stuffing() {
+        assert_eq!(
+            dot_stuffed(b".a\r\nb\r\n..c\r\n"),
+            b"..a\r\nb\r\n...c\r\n.\r\n"
+        );
+        assert_eq!(dot_stuffed(b"a"), b"a\r\n.\r\n");
+        assert_eq!(dot_stuffed(b"a.\r\n"), b"a.\r\n.\r\n");
+    }
+}

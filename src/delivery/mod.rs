@@ -1,0 +1,152 @@
+//! Outbound delivery: the worker that takes accepted messages from the
+//! queue and relays them to the next hop, exactly once per recipient.
+//!
+//! The path of one message (see `ARCHITECTURE.md`):
+//! `queue` row (queued/deferred) → [`worker`] claims it with a lease →
+//! [`content`] builds the bytes to relay (trace + idempotency key + body) →
+//! the [`transport::Transport`] of the relay mode ([`file`], [`smarthost`],
+//! [`mx`]) runs one transaction per destination → [`plan`] turns the
+//! per-recipient replies into the message's next state → [`queue`] records
+//! attempts, state and any [`dsn`] bounce in one transaction.
+
+pub mod content;
+pub mod dsn;
+pub mod file;
+pub mod mx;
+pub mod ops;
+pub mod plan;
+pub mod queue;
+pub mod smarthost;
+pub mod smtp;
+pub mod status;
+pub mod tls;
+pub mod transport;
+pub mod worker;
+
+pub use worker::Worker;
+
+/// What happened to one recipient in one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// The next hop took responsibility (2xx after DATA).
+    Delivered,
+    /// Try again later: a 4xx reply, or the next hop could not be reached.
+    Deferred,
+    /// Never try again: a 5xx reply, or no route can ever exist.
+    Failed,
+}
+
+/// One recipient's result from a transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RcptResult {
+    pub recipient: String,
+    pub status: Status,
+    /// The SMTP reply (`250 2.0.0 Ok`) or a description of the error.
+    pub reply: String,
+    /// Where it went or was tried: a host, a socket address, or a file.
+    pub next_hop: Option<String>,
+}
+
+impl RcptResult {
+    pub fn new(recipient: &str, status: Status, reply: impl Into<String>) -> Self {
+        Self {
+            recipient: recipient.to_owned(),
+            status,
+            reply: reply.into(),
+            next_hop: None,
+        }
+    }
+
+    pub fn via(mut self, hop: Option<String>) -> Self {
+        self.next_hop = hop;
+        self
+    }
+
+    /// The same outcome for every recipient of a transaction.
+    pub fn all(recipients: &[String], status: Status, reply: &str, hop: Option<&str>) -> Vec<Self> {
+        recipients
+            .iter()
+            .map(|r| RcptResult::new(r, status, reply).via(hop.map(str::to_owned)))
+            .collect()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeliveryError {
+    #[error("queue database: {0}")]
+    Db(#[from] rusqlite::Error),
+    #[error("queue database unavailable: {0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Setup(String),
+    #[error("no message with queue id {0}")]
+    NotFound(String),
+    #[error("{id}: {reason}")]
+    Refused { id: String, reason: String },
+    #[error("queue database task failed: {0}")]
+    Join(String),
+}
+
+/// Address domain, lowercased; an address without `@` has none.
+pub fn domain_of(address: &str) -> Option<String> {
+    address
+        .rsplit_once('@')
+        .map(|(_, d)| d.to_ascii_lowercase())
+        .filter(|d| !d.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, ConfigError, TlsTrust};
+    use std::path::Path;
+    use std::time::Duration;
+
+    const BASE: &str = "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n[[listener]]\naddr = \"127.0.0.1:1\"\n\
+                        [[trusted_network]]\ncidr = \"127.0.0.0/8\"\nworkspace = \"w\"\n";
+
+    fn load(relay: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(
+            Path::new("/etc/smtp-once/x.toml"),
+            &format!("{BASE}[relay]\n{relay}"),
+        )
+    }
+
+    #[test]
+    fn delivery_defaults() {
+        let c = load("mode = \"mx\"").expect("valid");
+        let d = c.delivery;
+        assert_eq!(d.max_age, Duration::from_secs(5 * 86400));
+        assert_eq!(d.retry_schedule.first(), Some(&Duration::from_secs(60)));
+        assert_eq!(
+            d.retry_schedule.last(),
+            Some(&Duration::from_secs(4 * 3600))
+        );
+        assert_eq!((d.workers, d.max_per_destination, d.mx_port), (16, 4, 25));
+        assert_eq!(d.smarthost_trust, TlsTrust::System);
+        assert!(d.test_pause_after_send.is_zero());
+    }
+
+    #[test]
+    fn delivery_keys_are_checked() {
+        let err = load(
+            "mode = \"smarthost\"\nsmarthost = \"h:0\"\nusername = \"u\"\nretry_schedule = []\n\
+             max_age = \"0s\"\nlease = \"1m\"\nworkers = 0\nca_file = \"/nonexistent.pem\"\n",
+        )
+        .expect_err("invalid");
+        let text = err.to_string();
+        for key in [
+            "relay.smarthost",
+            "relay.password",
+            "relay.retry_schedule",
+            "relay.max_age",
+            "relay.lease",
+            "relay.workers",
+            "relay.ca_file",
+        ] {
+            assert!(
+                text.contains(&format!("{key}:")),
+                "{key} missing from {text}"
+            );
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! `mode = "smarthost"`: every message goes to one configured host, over
+//! STARTTLS, implicit TLS, or (testing only) plaintext, with optional AUTH.
+
+use mail_send::Credentials;
+
+use super::smtp::{self, ClientSettings, Security};
+use super::transport::Outgoing;
+use super::{DeliveryError, RcptResult, Status};
+use crate::config::{TlsMode, TlsTrust};
+
+pub struct SmarthostTransport {
+    /// `host:port` as connected to.
+    addr: String,
+    /// The host alone: TLS server name and destination name.
+    host: String,
+    security: Security,
+    credentials: Option<Credentials<String>>,
+    settings: ClientSettings,
+}
+
+/// Splits `host[:port]` (`[v6]:port` too); the port defaults by TLS mode.
+pub fn split_host_port(value: &str, tls: TlsMode) -> Result<(String, u16), String> {
+    let default = match tls {
+        TlsMode::Implicit => 465,
+        TlsMode::StartTls => 587,
+        TlsMode::None => 25,
+    };
+    let (host, port) = if let Some(rest) = value.strip_prefix('[') {
+        let (host, after) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("{value:?}: missing ]"))?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match value.rsplit_once(':') {
+            Some((h, p)) if !h.contains(':') => (h, Some(p)),
+            _ => (value, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("{value:?}: empty host"));
+    }
+    let port = match port {
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("{value:?}: bad port"))?,
+        None => default,
+    };
+    Ok((host.to_owned(), port))
+}
+
+impl SmarthostTransport {
+    pub fn new(
+        host: &str,
+        tls: TlsMode,
+        credentials: Option<(String, String)>,
+        trust: &TlsTrust,
+        settings: ClientSettings,
+    ) -> Result<Self, DeliveryError> {
+        let (name, port) = split_host_port(host, tls)
+            .map_err(|e| DeliveryError::Setup(format!("relay.smarthost: {e}")))?;
+        let connector = || tls_connector(trust);
+        let security = match tls {
+            TlsMode::None => Security::Plain,
+            TlsMode::StartTls => Security::StartTls(connector()?),
+            TlsMode::Implicit => Security::Implicit(connector()?),
+        };
+        let addr = if name.contains(':') {
+            format!("[{name}]:{port}")
+        } else {
+            format!("{name}:{port}")
+        };
+        Ok(Self {
+            addr,
+            host: name,
+            security,
+            credentials: credentials.map(|(u, p)| Credentials::new(u, p)),
+            settings,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.host
+    }
+
+    pub async fn deliver(&self, msg: &Outgoing, recipients: &[String]) -> Vec<RcptResult> {
+        let deferred =
+            |why: String| RcptResult::all(recipients, Status::Deferred, &why, Some(&self.addr));
+        let addrs: Vec<std::net::SocketAddr> = match tokio::net::lookup_host(&self.addr).await {
+            Ok(addrs) => addrs.collect(),
+            Err(e) => return deferred(format!("cannot resolve {}: {e}", self.addr)),
+        };
+        let mut last = format!("no address for {}", self.addr);
+        for addr in addrs {
+            match smtp::open(
+                addr,
+                &self.host,
+                &self.security,
+                self.credentials.as_ref(),
+                &self.settings,
+            )
+            .await
+            {
+                Ok(session) => {
+                    let content = msg.bytes_for(recipients);
+                    let hop = format!("{} [{addr}]", self.host);
+                    return session
+                        .send(
+                            &msg.reverse_path,
+                            recipients,
+                            &content,
+                            &hop,
+                            self.settings.timeout,
+                        )
+                        .await;
+                }
+                Err(e) => last = e.message,
+            }
+        }
+        deferred(last)
+    }
+}
+
+fn tls_connector(trust: &TlsTrust) -> Result<tokio_rustls::TlsConnector, DeliveryError> {
+    super::tls::connector(trust).map_err(|e| DeliveryError::Setup(format!("relay TLS: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_and_port() {
+        let hp = |v, t| split_host_port(v, t);
+        assert_eq!(
+            hp("smtp.example.net:2525", TlsMode::StartTls),
+            Ok(("smtp.example.net".into(), 2525))
+        );
+        assert_eq!(
+            hp("smtp.example.net", TlsMode::StartTls),
+            Ok(("smtp.example.net".into(), 587))
+        );
+        assert_eq!(
+            hp("smtp.example.net", TlsMode::Implicit),
+            Ok(("smtp.example.net".into(), 465))
+        );
+        assert_eq!(hp("[::1]:25", TlsMode::None), Ok(("::1".into(), 25)));
+        assert!(hp("host:0", TlsMode::None).is_err());
+        assert!(hp(":25", TlsMode::None).is_err());
+    }
+}

@@ -1,0 +1,359 @@
+//! The SMTP client side of one hop, on mail-send's `SmtpClient`: connect,
+//! TLS, EHLO and AUTH ([`open`]), then one transaction that keeps every
+//! recipient's own reply ([`Session::send`]). mail-send's `send` stops at
+//! the first refused recipient and its DATA adds a blank line to a message
+//! that already ends in CRLF, so the transaction is written here.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use mail_send::{Credentials, SmtpClient};
+use smtp_proto::{EXT_8BIT_MIME, EXT_SIZE, EXT_SMTP_UTF8, EXT_START_TLS, EhloResponse, Response};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+
+use super::content::dot_stuffed;
+use super::{RcptResult, Status};
+
+#[derive(Clone)]
+pub struct ClientSettings {
+    /// Our name in EHLO.
+    pub helo: String,
+    /// Per command, and per block of the message transfer.
+    pub timeout: Duration,
+}
+
+#[derive(Clone)]
+pub enum Security {
+    Plain,
+    /// STARTTLS, and refuse to go on without it.
+    StartTls(TlsConnector),
+    /// STARTTLS when offered; plaintext otherwise.
+    Opportunistic(TlsConnector),
+    /// TLS from the first byte (port 465 style).
+    Implicit(TlsConnector),
+}
+
+/// Why no transaction could start. Always temporary for the message: a
+/// host that is down or misconfigured may be fixed before `max_age`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct SetupError {
+    pub message: String,
+    /// Failed while negotiating TLS: opportunistic TLS retries in plaintext.
+    pub tls: bool,
+}
+
+impl SetupError {
+    fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            tls: false,
+        }
+    }
+
+    fn tls(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            tls: true,
+        }
+    }
+}
+
+/// A greeted session, ready for MAIL.
+pub enum Session {
+    Plain(SmtpClient<TcpStream>, EhloResponse<String>),
+    // Boxed: a TLS stream is ten times the size of a TCP one.
+    Tls(Box<SmtpClient<TlsStream<TcpStream>>>, EhloResponse<String>),
+}
+
+/// `250 2.0.0 text`, multi-line text joined with ` / `.
+pub fn format_reply(r: &Response<String>) -> String {
+    let text = r.message.trim().replace("\r\n", " / ").replace('\n', " / ");
+    if r.esc == [0, 0, 0] {
+        format!("{} {text}", r.code)
+    } else {
+        format!("{} {}.{}.{} {text}", r.code, r.esc[0], r.esc[1], r.esc[2])
+    }
+}
+
+fn describe(e: &mail_send::Error) -> String {
+    match e {
+        mail_send::Error::UnexpectedReply(r) | mail_send::Error::AuthenticationFailed(r) => {
+            format_reply(r)
+        }
+        mail_send::Error::UnparseableReply => "connection closed or unparseable reply".into(),
+        other => other.to_string(),
+    }
+}
+
+/// The status a reply code gives the recipients it applies to.
+pub fn status_of(code: u16) -> Status {
+    match code {
+        200..=299 => Status::Delivered,
+        500..=599 => Status::Failed,
+        // 4xx, and anything unexpected here: try again later.
+        _ => Status::Deferred,
+    }
+}
+
+pub async fn open(
+    addr: SocketAddr,
+    tls_name: &str,
+    security: &Security,
+    credentials: Option<&Credentials<String>>,
+    s: &ClientSettings,
+) -> Result<Session, SetupError> {
+    let stream = tokio::time::timeout(s.timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| SetupError::new(format!("connect to {addr}: timed out")))?
+        .map_err(|e| SetupError::new(format!("connect to {addr}: {e}")))?;
+    let _ = stream.set_nodelay(true);
+    let mut client = SmtpClient {
+        stream,
+        timeout: s.timeout,
+    };
+    let connector = match security {
+        Security::Implicit(connector) => {
+            let mut tls = client
+                .into_tls(connector, tls_name)
+                .await
+                .map_err(|e| SetupError::tls(format!("TLS: {}", describe(&e))))?;
+            greeting(&mut tls, s.timeout).await?;
+            let caps = ehlo(&mut tls, &s.helo).await?;
+            authenticate(&mut tls, &caps, credentials).await?;
+            return Ok(Session::Tls(Box::new(tls), caps));
+        }
+        Security::Plain => None,
+        Security::StartTls(c) | Security::Opportunistic(c) => Some(c),
+    };
+    greeting(&mut client, s.timeout).await?;
+    let caps = ehlo(&mut client, &s.helo).await?;
+    match connector {
+        Some(connector) if caps.has_capability(EXT_START_TLS) => {
+            let mut tls = client
+                .start_tls(connector, tls_name)
+                .await
+                .map_err(|e| SetupError::tls(format!("STARTTLS: {}", describe(&e))))?;
+            let caps = ehlo(&mut tls, &s.helo).await?;
+            authenticate(&mut tls, &caps, credentials).await?;
+            Ok(Session::Tls(Box::new(tls), caps))
+        }
+        Some(_) if matches!(security, Security::StartTls(_)) => {
+            Err(SetupError::new("STARTTLS required but not offered"))
+        }
+        _ => {
+            authenticate(&mut client, &caps, credentials).await?;
+            Ok(Session::Plain(client, caps))
+        }
+    }
+}
+
+async fn greeting<T: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut SmtpClient<T>,
+    timeout: Duration,
+) -> Result<(), SetupError> {
+    let reply = tokio::time::timeout(timeout, client.read())
+        .await
+        .map_err(|_| SetupError::new("greeting: timed out"))?
+        .map_err(|e| SetupError::new(format!("greeting: {}", describe(&e))))?;
+    if (200..300).contains(&reply.code) {
+        Ok(())
+    } else {
+        Err(SetupError::new(format!(
+            "greeting: {}",
+            format_reply(&reply)
+        )))
+    }
+}
+
+async fn ehlo<T: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut SmtpClient<T>,
+    helo: &str,
+) -> Result<EhloResponse<String>, SetupError> {
+    client
+        .ehlo(helo)
+        .await
+        .map_err(|e| SetupError::new(format!("EHLO: {}", describe(&e))))
+}
+
+async fn authenticate<T: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut SmtpClient<T>,
+    caps: &EhloResponse<String>,
+    credentials: Option<&Credentials<String>>,
+) -> Result<(), SetupError> {
+    if let Some(credentials) = credentials {
+        client
+            .authenticate(credentials, caps)
+            .await
+            .map_err(|e| SetupError::new(format!("AUTH: {}", describe(&e))))?;
+    }
+    Ok(())
+}
+
+impl Session {
+    /// One transaction; every recipient gets its own result. Ends the
+    /// session with QUIT.
+    pub async fn send(
+        self,
+        from: &str,
+        recipients: &[String],
+        content: &[u8],
+        hop: &str,
+        timeout: Duration,
+    ) -> Vec<RcptResult> {
+        let results = match self {
+            Session::Plain(mut c, caps) => {
+                let r = transaction(&mut c, &caps, from, recipients, content, timeout).await;
+                quit(&mut c).await;
+                r
+            }
+            Session::Tls(mut c, caps) => {
+                let r = transaction(c.as_mut(), &caps, from, recipients, content, timeout).await;
+                quit(c.as_mut()).await;
+                r
+            }
+        };
+        results
+            .into_iter()
+            .map(|r| r.via(Some(hop.to_owned())))
+            .collect()
+    }
+}
+
+async fn quit<T: AsyncRead + AsyncWrite + Unpin>(c: &mut SmtpClient<T>) {
+    c.timeout = c.timeout.min(Duration::from_secs(5));
+    let _ = c.cmd(b"QUIT\r\n").await;
+}
+
+fn mail_params(
+    caps: &EhloResponse<String>,
+    from: &str,
+    rcpts: &[String],
+    content: &[u8],
+) -> String {
+    let mut params = String::new();
+    if caps.has_capability(EXT_SIZE) {
+        params.push_str(&format!(" SIZE={}", content.len()));
+    }
+    if caps.has_capability(EXT_8BIT_MIME) && !content.is_ascii() {
+        params.push_str(" BODY=8BITMIME");
+    }
+    let utf8_envelope = !from.is_ascii() || rcpts.iter().any(|r| !r.is_ascii());
+    if caps.has_capability(EXT_SMTP_UTF8) && utf8_envelope {
+        params.push_str(" SMTPUTF8");
+    }
+    params
+}
+
+async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut SmtpClient<T>,
+    caps: &EhloResponse<String>,
+    from: &str,
+    rcpts: &[String],
+    content: &[u8],
+    timeout: Duration,
+) -> Vec<RcptResult> {
+    let lost = |rcpts: &[String], stage: &str, e: &mail_send::Error| {
+        RcptResult::all(
+            rcpts,
+            Status::Deferred,
+            &format!("{stage}: {}", describe(e)),
+            None,
+        )
+    };
+    let params = mail_params(caps, from, rcpts, content);
+    match c.cmd(format!("MAIL FROM:<{from}>{params}\r\n")).await {
+        Ok(r) if (200..300).contains(&r.code) => {}
+        Ok(r) => {
+            let _ = c.cmd(b"RSET\r\n").await;
+            // 530: the next hop wants AUTH we did not do. That is our
+            // configuration to fix, not the sender's mail to bounce.
+            let status = if r.code == 530 {
+                Status::Deferred
+            } else {
+                status_of(r.code)
+            };
+            return RcptResult::all(rcpts, status, &format_reply(&r), None);
+        }
+        Err(e) => return lost(rcpts, "MAIL FROM", &e),
+    }
+    let mut results = Vec::with_capacity(rcpts.len());
+    let mut accepted: Vec<String> = Vec::with_capacity(rcpts.len());
+    for rcpt in rcpts {
+        match c.cmd(format!("RCPT TO:<{rcpt}>\r\n")).await {
+            Ok(r) if (200..300).contains(&r.code) => accepted.push(rcpt.clone()),
+            Ok(r) => results.push(RcptResult::new(rcpt, status_of(r.code), format_reply(&r))),
+            Err(e) => {
+                // Refused ones keep their reply; the rest must be retried.
+                let done: Vec<&str> = results.iter().map(|r| r.recipient.as_str()).collect();
+                let open: Vec<String> = rcpts
+                    .iter()
+                    .filter(|r| !done.contains(&r.as_str()))
+                    .cloned()
+                    .collect();
+                results.extend(lost(&open, "RCPT TO", &e));
+                return results;
+            }
+        }
+    }
+    if accepted.is_empty() {
+        let _ = c.cmd(b"RSET\r\n").await;
+        return results;
+    }
+    match c.cmd(b"DATA\r\n").await {
+        Ok(r) if r.code == 354 => {}
+        Ok(r) => {
+            results.extend(RcptResult::all(
+                &accepted,
+                status_of(r.code),
+                &format_reply(&r),
+                None,
+            ));
+            return results;
+        }
+        Err(e) => {
+            results.extend(lost(&accepted, "DATA", &e));
+            return results;
+        }
+    }
+    let data = dot_stuffed(content);
+    for block in data.chunks(64 * 1024) {
+        let written = tokio::time::timeout(timeout, async {
+            c.stream.write_all(block).await?;
+            c.stream.flush().await
+        })
+        .await;
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                results.extend(lost(&accepted, "message transfer", &e.into()));
+                return results;
+            }
+            Err(_) => {
+                results.extend(lost(
+                    &accepted,
+                    "message transfer",
+                    &mail_send::Error::Timeout,
+                ));
+                return results;
+            }
+        }
+    }
+    // RFC 5321 4.5.3.2.6: the reply to the final dot may take 10 minutes;
+    // this is the moment a lost reply could duplicate a message, which the
+    // idempotency key covers.
+    match tokio::time::timeout(timeout * 2, c.read()).await {
+        Ok(Ok(r)) => results.extend(RcptResult::all(
+            &accepted,
+            status_of(r.code),
+            &format_reply(&r),
+            None,
+        )),
+        Ok(Err(e)) => results.extend(lost(&accepted, "after DATA", &e)),
+        Err(_) => results.extend(lost(&accepted, "after DATA", &mail_send::Error::Timeout)),
+    }
+    results
+}

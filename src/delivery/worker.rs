@@ -1,0 +1,413 @@
+//! The delivery worker: claims due messages with a lease, delivers each one
+//! (one transaction per destination, a bounded number per destination),
+//! records the outcome, and stops cleanly.
+//!
+//! Exactly once per hop: a recipient is recorded as delivered in the same
+//! transaction that ends the attempt, and is never sent to again. The gap
+//! between the next hop's `250` and that commit (a crash, a kill) repeats
+//! the attempt with identical bytes and key, which an idempotent next hop
+//! replays instead of delivering twice.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinSet;
+
+use super::dsn::{self, Bounce};
+use super::plan::{self, Outcome, Plan, Policy};
+use super::queue::{Loaded, QueueDb};
+use super::transport::{Outgoing, Transport};
+use super::{DeliveryError, RcptResult, Status};
+use crate::config::Config;
+use crate::store::{MessageState, NewMessage, UnixMillis, now_millis, queue_id};
+
+/// A running worker.
+pub struct Worker {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct Ctx {
+    db: Arc<QueueDb>,
+    transport: Transport,
+    policy: Policy,
+    hostname: String,
+    workers: usize,
+    lease: Duration,
+    poll_interval: Duration,
+    limiter: Limiter,
+    /// TEST ONLY: see `relay.delivery_test_pause_after_send`.
+    test_pause: Duration,
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Runs a queue database call on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    db: &Arc<QueueDb>,
+    f: impl FnOnce(&QueueDb) -> Result<T, DeliveryError> + Send + 'static,
+) -> Result<T, DeliveryError> {
+    let db = db.clone();
+    tokio::task::spawn_blocking(move || f(&db))
+        .await
+        .map_err(|e| DeliveryError::Join(e.to_string()))?
+}
+
+impl Worker {
+    /// Opens the queue (the store must have created it), takes back leases
+    /// a previous process left, and starts delivering.
+    pub async fn start(config: &Config) -> Result<Worker, DeliveryError> {
+        let transport = Transport::from_config(config)?;
+        let data_dir = config.data_dir.clone();
+        let db = Arc::new(
+            tokio::task::spawn_blocking(move || QueueDb::open(&data_dir))
+                .await
+                .map_err(|e| DeliveryError::Join(e.to_string()))??,
+        );
+        // The store holds this data directory's lock, so any lease in it
+        // belongs to a process that is gone: no need to wait for expiry.
+        let released = blocking(&db, |db| db.release_all(now_millis())).await?;
+        if released > 0 {
+            tracing::info!(released, "took back messages a previous run was delivering");
+        }
+        let d = &config.delivery;
+        let ctx = Arc::new(Ctx {
+            db,
+            transport,
+            policy: Policy {
+                retry_schedule: d.retry_schedule.clone(),
+                max_age: d.max_age,
+            },
+            hostname: config.hostname.clone(),
+            workers: d.workers,
+            lease: d.lease,
+            poll_interval: d.poll_interval,
+            limiter: Limiter::new(d.max_per_destination),
+            test_pause: d.test_pause_after_send,
+        });
+        if !ctx.test_pause.is_zero() {
+            tracing::warn!(pause = ?ctx.test_pause, "relay.delivery_test_pause_after_send is set: TEST ONLY");
+        }
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(run(ctx, stop_rx, config.shutdown_grace));
+        Ok(Worker { stop, task })
+    }
+
+    /// Stops claiming, lets deliveries in flight finish within the grace
+    /// period given at start, then hands back the leases of the rest.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration) {
+    let permits = Arc::new(Semaphore::new(ctx.workers));
+    let mut tasks = JoinSet::new();
+    while !*stop.borrow() {
+        while tasks.try_join_next().is_some() {}
+        let free = permits.available_permits();
+        let (mut claimed, mut failed) = (0, false);
+        if free > 0 {
+            let now = now_millis();
+            let lease_until = now.saturating_add(millis(ctx.lease));
+            match blocking(&ctx.db, move |db| db.claim(now, lease_until, free)).await {
+                Ok(ids) => {
+                    claimed = ids.len();
+                    for id in ids {
+                        let Ok(permit) = permits.clone().try_acquire_owned() else {
+                            break;
+                        };
+                        tasks.spawn(deliver_one(ctx.clone(), id, permit));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot claim messages");
+                    failed = true;
+                }
+            }
+        }
+        if claimed > 0 && claimed == free {
+            continue; // maybe more are due
+        }
+        // All workers busy: a finished delivery wakes the loop, not a timer.
+        let wait = if free == 0 || failed {
+            ctx.poll_interval
+        } else {
+            match blocking(&ctx.db, |db| db.next_due()).await {
+                Ok(Some(due)) => {
+                    Duration::from_millis(u64::try_from(due - now_millis()).unwrap_or(0))
+                        .min(ctx.poll_interval)
+                }
+                _ => ctx.poll_interval,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait.max(Duration::from_millis(10))) => {}
+            _ = stop.wait_for(|s| *s) => break,
+            // A finished delivery frees a worker.
+            Some(_) = tasks.join_next(), if !tasks.is_empty() && free == 0 => {}
+        }
+    }
+    let in_flight = tasks.len();
+    if in_flight > 0 {
+        tracing::info!(in_flight, "waiting for deliveries in flight");
+    }
+    let drain = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(grace, drain).await.is_err() {
+        tracing::warn!(
+            left = tasks.len(),
+            "shutdown grace period over; abandoning deliveries in flight"
+        );
+        tasks.shutdown().await;
+    }
+    match blocking(&ctx.db, |db| db.release_all(now_millis())).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(
+            released = n,
+            "leases released; those messages are retried at next start"
+        ),
+        Err(e) => tracing::warn!(error = %e, "cannot release leases; they expire by themselves"),
+    }
+    tracing::info!("delivery worker stopped");
+}
+
+async fn deliver_one(ctx: Arc<Ctx>, id: String, _permit: OwnedSemaphorePermit) {
+    let load_id = id.clone();
+    let loaded = match blocking(&ctx.db, move |db| db.load(&load_id)).await {
+        Ok(Some(loaded)) => loaded,
+        Ok(None) => return, // deleted meanwhile
+        Err(e) => {
+            tracing::warn!(queue_id = %id, error = %e, "cannot load message; retried when its lease expires");
+            return;
+        }
+    };
+    let pending = loaded.pending();
+    let msg = Arc::new(loaded.msg.clone());
+    let results = deliver_to_destinations(&ctx, &msg, &pending).await;
+    if !ctx.test_pause.is_zero() && results.iter().any(|r| r.status == Status::Delivered) {
+        // TEST ONLY: the crash window between the next hop's 250 and our
+        // record of it, widened so a test can kill the process inside it.
+        tracing::warn!(queue_id = %id, "test pause after send");
+        tokio::time::sleep(ctx.test_pause).await;
+    }
+    let now = now_millis();
+    let earlier: Vec<Outcome> = loaded.done.values().copied().collect();
+    let plan = plan::plan(
+        &ctx.policy,
+        loaded.created_at,
+        loaded.attempts + 1,
+        &earlier,
+        results,
+        now,
+    );
+    for row in &plan.rows {
+        tracing::info!(
+            queue_id = %id, to = %row.recipient, outcome = row.outcome.as_str(),
+            hop = row.next_hop.as_deref().unwrap_or("-"), reply = %row.reply, "delivery attempt"
+        );
+    }
+    let bounce = bounce_for(&ctx, &loaded, &plan, now);
+    record(&ctx, &id, plan, now, bounce).await;
+}
+
+/// One transaction per destination, concurrently, each within the
+/// per-destination limit and cut off at half the lease.
+async fn deliver_to_destinations(
+    ctx: &Arc<Ctx>,
+    msg: &Arc<Outgoing>,
+    pending: &[String],
+) -> Vec<RcptResult> {
+    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    for rcpt in pending {
+        let dest = ctx.transport.destination(rcpt);
+        match groups.iter_mut().find(|(d, _)| *d == dest) {
+            Some((_, rcpts)) => rcpts.push(rcpt.clone()),
+            None => groups.push((dest, vec![rcpt.clone()])),
+        }
+    }
+    let mut set = JoinSet::new();
+    for (dest, rcpts) in groups {
+        let ctx = ctx.clone();
+        let msg = msg.clone();
+        set.spawn(async move {
+            let _slot = ctx.limiter.acquire(&dest).await;
+            match tokio::time::timeout(ctx.lease / 2, ctx.transport.deliver(&msg, &rcpts)).await {
+                Ok(results) => (rcpts, Some(results)),
+                Err(_) => (rcpts, None),
+            }
+        });
+    }
+    let mut results = Vec::with_capacity(pending.len());
+    let mut answered: Vec<String> = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok((rcpts, Some(r))) => {
+                answered.extend(rcpts);
+                results.extend(r);
+            }
+            Ok((rcpts, None)) => {
+                answered.extend(rcpts.iter().cloned());
+                results.extend(RcptResult::all(
+                    &rcpts,
+                    Status::Deferred,
+                    "451 4.4.7 delivery attempt timed out",
+                    None,
+                ));
+            }
+            Err(e) => tracing::error!(error = %e, "delivery task failed"),
+        }
+    }
+    // A recipient without a result (a task that panicked) is retried.
+    let missing: Vec<String> = pending
+        .iter()
+        .filter(|r| !answered.contains(r))
+        .cloned()
+        .collect();
+    results.extend(RcptResult::all(
+        &missing,
+        Status::Deferred,
+        "451 4.3.0 internal error",
+        None,
+    ));
+    results
+}
+
+/// The notification for recipients that failed for good in this attempt:
+/// none for a message with the null reverse-path (never a bounce of a
+/// bounce).
+fn bounce_for(ctx: &Ctx, loaded: &Loaded, plan: &Plan, now: UnixMillis) -> Option<NewMessage> {
+    let failures: Vec<_> = plan.bounced().cloned().collect();
+    if failures.is_empty() || loaded.msg.reverse_path.is_empty() {
+        return None;
+    }
+    let dsn_id = queue_id::next();
+    let mut original = loaded.msg.trace.clone().into_bytes();
+    original.extend_from_slice(&loaded.msg.body);
+    let body = dsn::build(&Bounce {
+        hostname: &ctx.hostname,
+        queue_id: &loaded.msg.id,
+        sender: &loaded.msg.reverse_path,
+        arrival: loaded.created_at,
+        now,
+        failures: &failures,
+        original: &original,
+        dsn_id: &dsn_id,
+    });
+    let trace = format!(
+        "Received: by {} (smtp-once) id {dsn_id};\r\n\t{}\r\n",
+        ctx.hostname,
+        crate::trace::rfc5322_date(now / 1000)
+    );
+    Some(NewMessage {
+        id: dsn_id,
+        workspace: loaded.workspace.clone(),
+        account: "MAILER-DAEMON".into(),
+        reverse_path: String::new(),
+        recipients: vec![loaded.msg.reverse_path.clone()],
+        idempotency_key: None,
+        trace,
+        body,
+        created_at: now,
+    })
+}
+
+/// Writes the attempt, retrying briefly: until it is written, the message
+/// would be attempted again when its lease expires.
+async fn record(ctx: &Arc<Ctx>, id: &str, plan: Plan, now: UnixMillis, bounce: Option<NewMessage>) {
+    let plan = Arc::new(plan);
+    let bounce = Arc::new(bounce);
+    let mut delay = Duration::from_millis(100);
+    for attempt in 1..=6 {
+        let (p, b, qid) = (plan.clone(), bounce.clone(), id.to_owned());
+        match blocking(&ctx.db, move |db| db.record(&qid, &p, now, (*b).as_ref())).await {
+            Ok(Some(state)) => {
+                if let Some(dsn) = bounce.as_ref() {
+                    tracing::info!(queue_id = %id, dsn = %dsn.id, to = %dsn.recipients.join(","), "delivery status notification queued");
+                }
+                log_state(id, state, plan.next_attempt_at);
+                return;
+            }
+            Ok(None) => {
+                tracing::info!(queue_id = %id, "message deleted during delivery; outcome not recorded");
+                return;
+            }
+            Err(e) if attempt < 6 => {
+                tracing::warn!(queue_id = %id, error = %e, "cannot record delivery; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            Err(e) => {
+                tracing::error!(queue_id = %id, error = %e, "cannot record delivery; it will be attempted again")
+            }
+        }
+    }
+}
+
+fn log_state(id: &str, state: MessageState, next: Option<UnixMillis>) {
+    match next {
+        Some(next) if state == MessageState::Deferred => {
+            let in_ms = next - now_millis();
+            tracing::info!(queue_id = %id, state = state.as_str(), next_attempt_in_ms = in_ms, "message deferred");
+        }
+        _ => tracing::info!(queue_id = %id, state = state.as_str(), "message state"),
+    }
+}
+
+/// At most `max` transactions at a time to one destination.
+struct Limiter {
+    max: usize,
+    slots: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+impl Limiter {
+    fn new(max: usize) -> Self {
+        Self {
+            max,
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn acquire(&self, destination: &str) -> Option<OwnedSemaphorePermit> {
+        let semaphore = {
+            let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            if slots.len() > 1024 {
+                // Forget idle destinations so the map stays small.
+                slots.retain(|_, s| Arc::strong_count(s) > 1 || s.available_permits() < self.max);
+            }
+            slots
+                .entry(destination.to_owned())
+                .or_insert_with(|| Arc::new(Semaphore::new(self.max)))
+                .clone()
+        };
+        semaphore.acquire_owned().await.ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn limiter_bounds_each_destination_separately() {
+        let limiter = Limiter::new(2);
+        let a1 = limiter.acquire("a").await;
+        let _a2 = limiter.acquire("a").await;
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), limiter.acquire("a"))
+                .await
+                .is_err()
+        );
+        assert!(limiter.acquire("b").await.is_some());
+        drop(a1);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), limiter.acquire("a"))
+                .await
+                .is_ok()
+        );
+    }
+}
