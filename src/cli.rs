@@ -29,7 +29,7 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run the relay daemon (listeners, ledger, queue).
+    /// Run the relay daemon (listeners, ledger and queue, delivery worker).
     Serve {
         #[arg(long, short)]
         config: PathBuf,
@@ -51,7 +51,7 @@ pub enum Command {
     Queue {
         #[arg(long, short)]
         config: PathBuf,
-        /// Only messages in this state (queued, deferred, delivered, failed, expired, held).
+        /// Only messages in this state (queued, deferred, delivering, delivered, failed, expired, held).
         #[arg(long)]
         state: Option<String>,
         #[arg(long, default_value_t = 1000)]

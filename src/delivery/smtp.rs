@@ -306,12 +306,13 @@ async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
     match c.cmd(b"DATA\r\n").await {
         Ok(r) if r.code == 354 => {}
         Ok(r) => {
-            results.extend(RcptResult::all(
-                &accepted,
-                status_of(r.code),
-                &format_reply(&r),
-                None,
-            ));
+            // Anything but 354 means the message was not sent; a stray 2xx
+            // must not count as delivered.
+            let status = match status_of(r.code) {
+                Status::Delivered => Status::Deferred,
+                other => other,
+            };
+            results.extend(RcptResult::all(&accepted, status, &format_reply(&r), None));
             return results;
         }
         Err(e) => {

@@ -27,7 +27,7 @@ pub fn format_delivery(recipients: &[String], attempts: &[AttemptRecord]) -> Str
             a.recipient, a.reply
         ))
     ));
-    out.push_str("recipients:\n");
+    out.push_str("per recipient:\n");
     let width = recipients.iter().map(|r| r.len() + 2).max().unwrap_or(0);
     for rcpt in recipients {
         let latest = attempts.iter().rev().find(|a| a.recipient == *rcpt);

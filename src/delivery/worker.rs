@@ -235,8 +235,13 @@ async fn deliver_to_destinations(
         let ctx = ctx.clone();
         let msg = msg.clone();
         set.spawn(async move {
-            let _slot = ctx.limiter.acquire(&dest).await;
-            match tokio::time::timeout(ctx.lease / 2, ctx.transport.deliver(&msg, &rcpts)).await {
+            // The wait for a destination slot counts against the cut-off
+            // too: past the lease another claim could deliver it again.
+            let attempt = async {
+                let _slot = ctx.limiter.acquire(&dest).await;
+                ctx.transport.deliver(&msg, &rcpts).await
+            };
+            match tokio::time::timeout(ctx.lease / 2, attempt).await {
                 Ok(results) => (rcpts, Some(results)),
                 Err(_) => (rcpts, None),
             }
