@@ -253,7 +253,7 @@ impl QueueDb {
             ],
         )?;
         if let Some(m) = bounce {
-            insert_message(&tx, m)?;
+            crate::store::sqlite::insert_message(&tx, m)?;
         }
         tx.commit()?;
         Ok(Some(state))
@@ -277,31 +277,6 @@ fn final_outcomes(conn: &Connection, id: &str) -> Result<HashMap<String, Outcome
     }
     latest.retain(|_, o: &mut Outcome| o.is_final());
     Ok(latest)
-}
-
-/// A queue row written by the delivery side (a bounce), shaped exactly as
-/// the acceptance path writes one.
-fn insert_message(tx: &rusqlite::Transaction<'_>, m: &NewMessage) -> rusqlite::Result<()> {
-    tx.execute(
-        "INSERT INTO queue (id, workspace, account, reverse_path, recipients, idempotency_key,
-                            size, state, attempts, next_attempt_at, created_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', 0, ?8, ?8, ?8)",
-        params![
-            m.id,
-            m.workspace,
-            m.account,
-            m.reverse_path,
-            m.recipients.join("\n"),
-            m.idempotency_key,
-            i64::try_from(m.trace.len() + m.body.len()).unwrap_or(i64::MAX),
-            m.created_at
-        ],
-    )?;
-    tx.execute(
-        "INSERT INTO message_body (queue_id, trace, body) VALUES (?1, ?2, ?3)",
-        params![m.id, m.trace, m.body],
-    )?;
-    Ok(())
 }
 
 #[cfg(test)]

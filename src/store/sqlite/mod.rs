@@ -10,6 +10,7 @@ mod tests;
 mod writer;
 
 pub use inspect::Inspector;
+pub(crate) use writer::insert_message;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@ use rusqlite::{Connection, Transaction, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::classify;
-use crate::store::{Acceptance, CommitOutcome, StoreError, UnixMillis};
+use crate::store::{Acceptance, CommitOutcome, NewMessage, StoreError, UnixMillis};
 
 /// Upper bound on jobs per transaction, to bound latency and memory.
 pub const MAX_BATCH: usize = 256;
@@ -156,25 +156,32 @@ fn apply_acceptance(tx: &Transaction<'_>, a: &Acceptance) -> rusqlite::Result<Co
         }
     }
     if let Some(m) = &a.message {
-        tx.prepare_cached(
-            "INSERT INTO queue (id, workspace, account, reverse_path, recipients, idempotency_key,
-                                size, state, attempts, next_attempt_at, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', 0, ?8, ?8, ?8)",
-        )?
-        .execute(params![
-            m.id,
-            m.workspace,
-            m.account,
-            m.reverse_path,
-            m.recipients.join("\n"),
-            m.idempotency_key,
-            i64::try_from(m.trace.len() + m.body.len()).unwrap_or(i64::MAX),
-            m.created_at
-        ])?;
-        tx.prepare_cached("INSERT INTO message_body (queue_id, trace, body) VALUES (?1, ?2, ?3)")?
-            .execute(params![m.id, m.trace, m.body])?;
+        insert_message(tx, m)?;
     }
     Ok(CommitOutcome::Committed)
+}
+
+/// Writes a queue row and its body, due at once. The one place queue rows
+/// are created: acceptances here, bounces from the delivery worker.
+pub(crate) fn insert_message(tx: &Transaction<'_>, m: &NewMessage) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO queue (id, workspace, account, reverse_path, recipients, idempotency_key,
+                            size, state, attempts, next_attempt_at, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', 0, ?8, ?8, ?8)",
+    )?
+    .execute(params![
+        m.id,
+        m.workspace,
+        m.account,
+        m.reverse_path,
+        m.recipients.join("\n"),
+        m.idempotency_key,
+        i64::try_from(m.trace.len() + m.body.len()).unwrap_or(i64::MAX),
+        m.created_at
+    ])?;
+    tx.prepare_cached("INSERT INTO message_body (queue_id, trace, body) VALUES (?1, ?2, ?3)")?
+        .execute(params![m.id, m.trace, m.body])?;
+    Ok(())
 }
 
 fn purge_expired(tx: &Transaction<'_>, now: UnixMillis, limit: usize) -> rusqlite::Result<usize> {
