@@ -1,0 +1,592 @@
+#!/usr/bin/env bash
+# benches/compare.sh: smtp-once side by side with Postfix, Haraka and
+# smtp-sink, in one run on one machine (issue 5, item 4).
+#
+# Every peer listens on its own loopback port, plaintext, and accepts mail
+# from 127.0.0.1 without AUTH. `smtp-once bench` drives each one with the
+# same load (4 KiB messages, a unique idempotency key each, persistent
+# pipelining connections), runs interleaved A B C D A B C D ... because this
+# machine's speed drifts, and after every run the script checks that each
+# durable peer really stored as many messages as it acknowledged with 250.
+#
+#   smtp-once     SQLite WAL, synchronous=FULL (fsync before 250), relay file
+#   postfix       Debian's Postfix, private instance, defer_transports = smtp
+#   postfix-hold  the same instance, every message to the hold queue
+#   haraka        Haraka 3 (npm) + benches/haraka/plugins/queue_fsync.js
+#   smtp-sink     from the postfix package: stores nothing, protocol ceiling
+#
+# Usage: benches/compare.sh [--markdown] [--help]
+# Settings (environment):
+#   MESSAGES=20000        messages per run (DURATION=S runs S seconds instead)
+#   CONNS="8 32"          connection counts
+#   ROUNDS=3              interleaved rounds
+#   SIZE=4096             message size in bytes
+#   PEERS="smtp-once postfix postfix-hold haraka smtp-sink"
+#   WARMUP=1000           messages per peer before round 1 (0: none)
+#   BASE_PORT=25250       peers listen on BASE_PORT+1 .. BASE_PORT+5
+#   SMTP_ONCE_BIN=path    use this binary instead of `cargo build --release`
+#   SMTP_ONCE_DELIVER=0   1: smtp-once's delivery worker runs during the benchmark,
+#                         copying every accepted message to its file outbox (work
+#                         the peers, which only queue, do not do; its backlog also
+#                         keeps the CPU busy during the next peers' runs). 0: the
+#                         worker's poll_interval is 1h, so accepted mail only queues.
+#   HARAKA_NODES=1        Haraka smtp.ini nodes (0: no cluster, cpus: one per CPU)
+#   HARAKA_NODELAY=1      load benches/haraka/plugins/tcp_nodelay.js (see there)
+#   HARAKA_DIR=/tmp/smtp-once-compare-haraka   npm install of Haraka (kept, reused)
+#   WORKDIR=/tmp/smtp-once-compare             run folder (removed at exit)
+#   KEEP=1                keep WORKDIR (configs, logs, queues) after the run
+#   RESULTS=file          also write the raw per-run results (TSV) there
+#   NO_INSTALL=1          never apt-get/npm install; skip peers that are missing
+#
+# stdout gets the result table only; progress and warnings go to stderr
+# (with --markdown, the plain table goes there too).
+# Exit status: 0 ok, 1 error or a peer stored fewer/more messages than it
+# acknowledged.
+set -euo pipefail
+
+# The whole script is one { ... } block, which bash reads in full before it
+# runs any of it: editing this file during a run cannot derail that run.
+{
+BENCHES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(dirname "$BENCHES_DIR")
+
+MARKDOWN=0
+for arg in "$@"; do
+  case "$arg" in
+    --markdown) MARKDOWN=1 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "compare.sh: unknown argument $arg (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+MESSAGES=${MESSAGES:-20000}
+DURATION=${DURATION:-}
+CONNS=${CONNS:-"8 32"}
+ROUNDS=${ROUNDS:-3}
+SIZE=${SIZE:-4096}
+PEERS=${PEERS:-"smtp-once postfix postfix-hold haraka smtp-sink"}
+WARMUP=${WARMUP:-1000}
+BASE_PORT=${BASE_PORT:-25250}
+HARAKA_NODES=${HARAKA_NODES:-1}
+HARAKA_NODELAY=${HARAKA_NODELAY:-1}
+HARAKA_DIR=${HARAKA_DIR:-/tmp/smtp-once-compare-haraka}
+WORKDIR=${WORKDIR:-/tmp/smtp-once-compare}
+KEEP=${KEEP:-0}
+RESULTS=${RESULTS:-}
+NO_INSTALL=${NO_INSTALL:-0}
+SMTP_ONCE_DELIVER=${SMTP_ONCE_DELIVER:-0}
+HARAKA_VERSION_SPEC=Haraka@3
+START_TIMEOUT=60      # seconds for a server to answer 220
+QUIET_TIMEOUT=180     # seconds for Postfix's queue manager to settle
+
+log() { printf '[compare %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+warn() { printf '[compare %(%H:%M:%S)T] WARNING: %s\n' -1 "$*" >&2; }
+die() { printf '[compare %(%H:%M:%S)T] ERROR: %s\n' -1 "$*" >&2; exit 1; }
+
+is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
+for v in MESSAGES ROUNDS SIZE WARMUP BASE_PORT; do
+  is_uint "${!v}" || die "$v must be a whole number, got '${!v}'"
+done
+[ -z "$DURATION" ] || is_uint "$DURATION" || die "DURATION must be whole seconds, got '$DURATION'"
+for c in $CONNS; do is_uint "$c" && [ "$c" -gt 0 ] || die "CONNS must be positive numbers, got '$CONNS'"; done
+[ "$ROUNDS" -gt 0 ] || die "ROUNDS must be at least 1"
+[ "$(id -u)" -eq 0 ] || die "run as root (it installs packages and runs a private Postfix instance)"
+case "$WORKDIR" in /tmp/?*|/var/tmp/?*) ;; *) die "WORKDIR must be under /tmp or /var/tmp (it is removed at exit), got $WORKDIR" ;; esac
+
+declare -A PORT=(
+  [smtp-once]=$((BASE_PORT + 1)) [postfix]=$((BASE_PORT + 2)) [postfix-hold]=$((BASE_PORT + 3))
+  [haraka]=$((BASE_PORT + 4)) [smtp-sink]=$((BASE_PORT + 5))
+)
+declare -A DURABLE=([smtp-once]=yes [postfix]=yes [postfix-hold]=yes [haraka]=yes [smtp-sink]=no)
+for p in $PEERS; do
+  [ -n "${PORT[$p]:-}" ] || die "unknown peer '$p' in PEERS (known: ${!PORT[*]})"
+done
+has_peer() { [[ " $ACTIVE " == *" $1 "* ]]; }
+ACTIVE=" $PEERS "
+SKIPPED=()
+skip_peer() { # peer reason
+  warn "skipping $1: $2"
+  SKIPPED+=("$1 ($2)")
+  ACTIVE=${ACTIVE/ $1 / }
+}
+
+# ---------------------------------------------------------------------------
+# Cleanup: every server this script starts is recorded in $WORKDIR/pids (its
+# own process group, started with setsid) or is the Postfix instance under
+# $WORKDIR/postfix; both are stopped at exit, and at start when a previous
+# run was killed before it could clean up.
+
+stop_group() { # pgid name
+  local pgid=$1 name=$2 i cmd
+  kill -0 -- "-$pgid" 2>/dev/null || return 0
+  # After a crash or a reboot the id may belong to someone else by now:
+  # only a group led by one of our servers is ours.
+  cmd=$(tr '\0' ' ' < "/proc/$pgid/cmdline" 2>/dev/null || true)
+  if [[ $cmd != *"$WORKDIR"* && $cmd != */usr/sbin/smtp-sink* ]]; then
+    warn "process group $pgid ($name) is not one of ours any more (${cmd:-gone}): left alone"
+    return 0
+  fi
+  kill -TERM -- "-$pgid" 2>/dev/null || true
+  for i in $(seq 1 50); do
+    kill -0 -- "-$pgid" 2>/dev/null || return 0
+    sleep 0.2
+  done
+  warn "$name (process group $pgid) ignored SIGTERM for 10 s: SIGKILL"
+  kill -KILL -- "-$pgid" 2>/dev/null || true
+}
+
+stop_postfix() { # base dir
+  local base=$1 pid
+  [ -f "$base/etc/main.cf" ] || return 0
+  if [ -f "$base/queue/pid/master.pid" ]; then
+    pid=$(tr -dc 0-9 < "$base/queue/pid/master.pid")
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && grep -q master "/proc/$pid/comm" 2>/dev/null; then
+      postfix -c "$base/etc" stop >/dev/null 2>&1 || true
+      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+      if kill -0 "$pid" 2>/dev/null; then
+        warn "Postfix master $pid still running: SIGKILL to its process group"
+        kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+      fi
+    fi
+  fi
+}
+
+stop_all() { # workdir
+  local dir=$1 pgid name
+  if [ -f "$dir/pids" ]; then
+    while read -r pgid name; do
+      [ -n "$pgid" ] && stop_group "$pgid" "$name"
+    done < "$dir/pids"
+    : > "$dir/pids"
+  fi
+  stop_postfix "$dir/postfix"
+}
+
+CLEANED=0
+cleanup() {
+  local rc=$?
+  [ "$CLEANED" -eq 1 ] && return
+  CLEANED=1
+  trap - INT TERM
+  if [ -d "$WORKDIR" ]; then
+    stop_all "$WORKDIR"
+    if [ -n "$RESULTS" ] && [ -f "$WORKDIR/results.tsv" ]; then
+      cp "$WORKDIR/results.tsv" "$RESULTS" || warn "cannot write RESULTS=$RESULTS"
+    fi
+    if [ "$KEEP" = 1 ]; then
+      log "KEEP=1: configs, logs and queues left in $WORKDIR"
+    else
+      log "removing $WORKDIR"
+      rm -rf "$WORKDIR"
+    fi
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+if [ -d "$WORKDIR" ]; then
+  log "stopping what a previous run left in $WORKDIR"
+  stop_all "$WORKDIR"
+  rm -rf "$WORKDIR"
+fi
+mkdir -p "$WORKDIR"
+chmod 755 "$WORKDIR"   # Postfix's unprivileged daemons must reach their queue
+: > "$WORKDIR/pids"
+
+start_bg() { # name logfile cmd... ; sets BG_PID
+  local name=$1 logfile=$2
+  shift 2
+  setsid "$@" > "$logfile" 2>&1 < /dev/null &
+  BG_PID=$!
+  echo "$BG_PID $name" >> "$WORKDIR/pids"
+}
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_smtp() { # name port pid-or-empty logfile
+  local name=$1 port=$2 pid=$3 logfile=$4 deadline=$((SECONDS + START_TIMEOUT)) banner
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+      warn "$name exited during start-up; last lines of $logfile:"
+      tail -n 20 "$logfile" >&2 || true
+      return 1
+    fi
+    banner=$(timeout 5 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port && IFS= read -r l <&3 && printf 'QUIT\r\n' >&3 && printf '%s' \"\$l\"" 2>/dev/null || true)
+    if [[ $banner == 220* ]]; then
+      log "$name answers on 127.0.0.1:$port: ${banner%$'\r'}"
+      return 0
+    fi
+    sleep 0.3
+  done
+  warn "$name did not answer 220 on 127.0.0.1:$port within ${START_TIMEOUT}s; last lines of $logfile:"
+  tail -n 20 "$logfile" >&2 || true
+  return 1
+}
+
+# ---------------------------------------------------------------------------
+# Tools: python3 (JSON, SQLite, the table), the smtp-once binary, Postfix and
+# smtp-sink (Debian), Haraka (npm).
+
+APT_UPDATED=0
+apt_install() { # packages...
+  [ "$NO_INSTALL" = 1 ] && return 1
+  if [ "$APT_UPDATED" = 0 ]; then
+    log "apt-get update"
+    apt-get update -qq >&2 || return 1
+    APT_UPDATED=1
+  fi
+  log "apt-get install $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+}
+
+if ! command -v python3 >/dev/null 2>&1; then
+  apt_install python3 || die "python3 is needed (JSON, SQLite counts, the table) and could not be installed"
+fi
+python3 -c 'import sqlite3, json, statistics' 2>/dev/null \
+  || die "python3 lacks the sqlite3/json/statistics modules"
+
+mkdir -p "$WORKDIR/bin"
+if [ -n "${SMTP_ONCE_BIN:-}" ]; then
+  [ -x "$SMTP_ONCE_BIN" ] || die "SMTP_ONCE_BIN=$SMTP_ONCE_BIN is not an executable"
+  SRC_BIN=$SMTP_ONCE_BIN
+else
+  command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust or set SMTP_ONCE_BIN"
+  log "cargo build --release (set SMTP_ONCE_BIN to skip)"
+  (cd "$REPO_DIR" && cargo build --release --quiet >&2) || die "cargo build --release failed"
+  SRC_BIN=$REPO_DIR/target/release/smtp-once
+fi
+# A private copy: a rebuild during the run must not change the binary.
+cp "$SRC_BIN" "$WORKDIR/bin/smtp-once"
+BIN=$WORKDIR/bin/smtp-once
+"$BIN" bench --help >/dev/null 2>&1 || die "$SRC_BIN has no 'bench' subcommand"
+
+need_postfix=0
+{ has_peer postfix || has_peer postfix-hold || has_peer smtp-sink; } && need_postfix=1
+if [ "$need_postfix" = 1 ] && { ! command -v postfix >/dev/null 2>&1 || [ ! -x /usr/sbin/smtp-sink ]; }; then
+  # "No configuration": the package installs without creating or starting
+  # the system's own mail server.
+  echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections 2>/dev/null || true
+  apt_install postfix || true
+fi
+if [ "$need_postfix" = 1 ]; then
+  if ! command -v postfix >/dev/null 2>&1 || ! getent passwd postfix >/dev/null; then
+    has_peer postfix && skip_peer postfix "postfix is not installed"
+    has_peer postfix-hold && skip_peer postfix-hold "postfix is not installed"
+  fi
+  if [ ! -x /usr/sbin/smtp-sink ] && has_peer smtp-sink; then
+    skip_peer smtp-sink "/usr/sbin/smtp-sink is missing"
+  fi
+fi
+
+HARAKA_BIN=$HARAKA_DIR/node_modules/Haraka/bin/haraka
+if has_peer haraka && [ ! -f "$HARAKA_BIN" ]; then
+  if ! command -v npm >/dev/null 2>&1; then
+    apt_install nodejs npm || true
+  fi
+  if ! command -v npm >/dev/null 2>&1; then
+    skip_peer haraka "node/npm not available"
+  elif [ "$NO_INSTALL" = 1 ]; then
+    skip_peer haraka "not installed in $HARAKA_DIR and NO_INSTALL=1"
+  else
+    log "npm install $HARAKA_VERSION_SPEC into $HARAKA_DIR"
+    mkdir -p "$HARAKA_DIR"
+    if ! npm install --prefix "$HARAKA_DIR" --no-audit --no-fund --loglevel=error "$HARAKA_VERSION_SPEC" >&2 \
+        || [ ! -f "$HARAKA_BIN" ]; then
+      skip_peer haraka "npm install $HARAKA_VERSION_SPEC failed"
+    fi
+  fi
+fi
+
+ACTIVE=$(echo $ACTIVE)   # trim
+[ -n "$ACTIVE" ] || die "no peer left to run"
+
+for p in $ACTIVE; do
+  port_free "${PORT[$p]}" || die "127.0.0.1:${PORT[$p]} (for $p) is already in use: set BASE_PORT"
+done
+
+# ---------------------------------------------------------------------------
+# Servers
+
+VERSIONS=()
+if [ "$SMTP_ONCE_DELIVER" = 1 ]; then so_mode="delivering to its file outbox during the run"; else so_mode="queue only: delivery worker idle during the run"; fi
+has_peer smtp-once && VERSIONS+=("smtp-once $("$BIN" --version 2>/dev/null | awk '{print $NF}') ($so_mode)")
+
+start_smtp_once() {
+  local d=$WORKDIR/smtp-once
+  mkdir -p "$d/data" "$d/outbox"
+  local relay_extra=""
+  if [ "$SMTP_ONCE_DELIVER" != 1 ]; then
+    # Queue only, like the peers: the worker finds the queue empty at start
+    # and sleeps poll_interval before it looks again.
+    relay_extra='poll_interval = "1h"'
+  fi
+  cat > "$d/smtp-once.toml" <<EOF
+# Written by benches/compare.sh
+[server]
+hostname = "smtp-once.bench.test"
+data_dir = "$d/data"
+max_connections = 1000
+shutdown_grace = "5s"
+
+[[listener]]
+addr = "127.0.0.1:${PORT[smtp-once]}"
+tls = "none"
+
+[[trusted_network]]
+cidr = "127.0.0.0/8"
+workspace = "bench"
+
+[relay]
+mode = "file"
+dir = "$d/outbox"
+$relay_extra
+EOF
+  "$BIN" check-config --config "$d/smtp-once.toml" >&2 || return 1
+  start_bg smtp-once "$d/server.log" "$BIN" serve --config "$d/smtp-once.toml"
+  wait_smtp smtp-once "${PORT[smtp-once]}" "$BG_PID" "$d/server.log"
+}
+
+PF=$WORKDIR/postfix
+start_postfix() {
+  mkdir -p "$PF/etc" "$PF/queue" "$PF/data"
+  chown postfix "$PF/data"
+  local f
+  for f in main.cf master.cf; do
+    sed -e "s#@BASE@#$PF#g" -e "s#@PORT@#${PORT[postfix]}#g" -e "s#@HOLD_PORT@#${PORT[postfix-hold]}#g" \
+      "$BENCHES_DIR/postfix/$f.in" > "$PF/etc/$f"
+  done
+  # Postfix logs its own errors to syslog or maillog_file only.
+  if ! postfix -c "$PF/etc" check >&2 || ! postfix -c "$PF/etc" start >&2; then
+    warn "postfix failed to start; $PF/maillog says:"
+    tail -n 20 "$PF/maillog" >&2 2>/dev/null || true
+    return 1
+  fi
+  wait_smtp postfix "${PORT[postfix]}" "" "$PF/maillog" || return 1
+  VERSIONS+=("Postfix $(postconf -c "$PF/etc" -h mail_version)")
+}
+
+HK=$WORKDIR/haraka
+start_haraka() {
+  local plugins
+  rm -rf "$HK"
+  node "$HARAKA_BIN" -i "$HK/instance" >/dev/null || return 1
+  cp "$BENCHES_DIR"/haraka/config/* "$HK/instance/config/"
+  mkdir -p "$HK/instance/plugins" "$HK/spool"
+  cp "$BENCHES_DIR"/haraka/plugins/*.js "$HK/instance/plugins/"
+  printf '; Written by benches/compare.sh\n[main]\nlisten=127.0.0.1:%s\nnodes=%s\n' \
+    "${PORT[haraka]}" "$HARAKA_NODES" > "$HK/instance/config/smtp.ini"
+  printf '; Written by benches/compare.sh\n[main]\ndir=%s\n' "$HK/spool" > "$HK/instance/config/queue_fsync.ini"
+  if [ "$HARAKA_NODELAY" != 1 ]; then
+    plugins=$(grep -v '^tcp_nodelay$' "$HK/instance/config/plugins")
+    printf '%s\n' "$plugins" > "$HK/instance/config/plugins"
+  fi
+  start_bg haraka "$HK/haraka.log" node "$HARAKA_BIN" -c "$HK/instance"
+  wait_smtp haraka "${PORT[haraka]}" "$BG_PID" "$HK/haraka.log" || return 1
+  VERSIONS+=("Haraka $(node -p "require('$HARAKA_DIR/node_modules/Haraka/package.json').version") (node $(node --version | tr -d v), nodes=$HARAKA_NODES)")
+}
+
+start_sink() {
+  # No -c: its counter costs a terminal write per message. -m: connection cap.
+  start_bg smtp-sink "$WORKDIR/smtp-sink.log" /usr/sbin/smtp-sink -u nobody -m 1000 "127.0.0.1:${PORT[smtp-sink]}" 1000
+  wait_smtp smtp-sink "${PORT[smtp-sink]}" "$BG_PID" "$WORKDIR/smtp-sink.log"
+}
+
+has_peer smtp-once && { start_smtp_once || die "smtp-once did not start (log: $WORKDIR/smtp-once/server.log; KEEP=1 keeps it)"; }
+if has_peer postfix || has_peer postfix-hold; then
+  if start_postfix; then
+    has_peer postfix-hold && { wait_smtp postfix-hold "${PORT[postfix-hold]}" "" "$PF/maillog" || skip_peer postfix-hold "its smtpd does not answer"; }
+  else
+    has_peer postfix && skip_peer postfix "did not start"
+    has_peer postfix-hold && skip_peer postfix-hold "did not start"
+  fi
+fi
+has_peer haraka && { start_haraka || skip_peer haraka "did not start"; }
+has_peer smtp-sink && { start_sink || skip_peer smtp-sink "did not start"; }
+ACTIVE=$(echo $ACTIVE)
+[ -n "$ACTIVE" ] || die "no peer left to run"
+
+# ---------------------------------------------------------------------------
+# Stored-message counts, for the acked-versus-stored check.
+
+postfix_queue_files() { # dirs...
+  local n=0 d
+  for d in "$@"; do
+    n=$((n + $(find "$PF/queue/$d" -type f 2>/dev/null | wc -l)))
+  done
+  echo "$n"
+}
+
+# Waits until cleanup and the queue manager are done moving files, so that a
+# count sees every message exactly once.
+postfix_settle() {
+  local deadline=$((SECONDS + QUIET_TIMEOUT)) a b
+  a=-1
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    if [ "$(postfix_queue_files incoming active)" -eq 0 ]; then
+      b=$(postfix_queue_files incoming active deferred hold)
+      [ "$b" -eq "$a" ] && return 0
+      a=$b
+    fi
+    sleep 0.5
+  done
+  warn "Postfix queue still moving after ${QUIET_TIMEOUT}s (incoming+active: $(postfix_queue_files incoming active))"
+}
+
+stored_count() { # peer -> count, or "-" for peers that store nothing
+  case "$1" in
+    smtp-once)
+      python3 - "$WORKDIR/smtp-once/data/smtp-once.db" <<'EOF'
+import sqlite3, sys
+db = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True, timeout=30)
+print(db.execute("SELECT COUNT(*) FROM queue").fetchone()[0])
+EOF
+      ;;
+    # One instance, two smtpd ports: plain messages end up in deferred, the
+    # hold port's in hold; after postfix_settle nothing is in between.
+    postfix) postfix_settle; postfix_queue_files incoming active deferred ;;
+    postfix-hold) postfix_settle; postfix_queue_files hold ;;
+    haraka) find "$HK/spool" -maxdepth 1 -type f -name '*.eml' | wc -l ;;
+    *) echo - ;;
+  esac
+}
+
+cpu_busy_jiffies() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8; exit}' /proc/stat; }
+
+# ---------------------------------------------------------------------------
+# Runs
+
+RESULTS_TSV=$WORKDIR/results.tsv
+printf 'peer\tdurable\tconns\tround\tmessages\tseconds\tmsgs_per_sec\tp50\tp90\tp99\tmax\tacked\tother_replies\terrors\tstored\tcpu_ms_per_msg\n' > "$RESULTS_TSV"
+MISMATCHES=()
+FAILED_RUNS=()
+declare -A STORED0 ACKED_TOTAL
+for p in $ACTIVE; do
+  STORED0[$p]=$(stored_count "$p")
+  ACKED_TOTAL[$p]=0
+done
+CLK_TCK=$(getconf CLK_TCK)
+
+bench_one() { # peer conns round count
+  local peer=$1 c=$2 round=$3 count=$4 before after j0 j1 out rc line acked stored
+  local -a load
+  if [ -n "$DURATION" ] && [ "$round" != warmup ]; then
+    load=(--duration "$DURATION")
+  else
+    load=(-n "$count")
+  fi
+  before=$(stored_count "$peer")
+  j0=$(cpu_busy_jiffies)
+  rc=0
+  out=$("$BIN" bench --server "127.0.0.1:${PORT[$peer]}" -c "$c" "${load[@]}" --size "$SIZE" --json --quiet \
+          2>> "$WORKDIR/bench-$peer.err") || rc=$?
+  j1=$(cpu_busy_jiffies)
+  if [ "$rc" -ne 0 ]; then
+    warn "$peer c=$c round $round: smtp-once bench failed (exit $rc); last errors:"
+    tail -n 5 "$WORKDIR/bench-$peer.err" >&2 || true
+    FAILED_RUNS+=("$peer c=$c round $round")
+    return 0
+  fi
+  after=$(stored_count "$peer")
+  line=$(python3 - "$peer" "${DURABLE[$peer]}" "$c" "$round" "$before" "$after" "$((j1 - j0))" "$CLK_TCK" "$out" <<'EOF'
+import json, sys
+peer, durable, conns, rnd, before, after, jiffies, tck, out = sys.argv[1:]
+r = json.loads(out)
+replies = r.get("replies", {})
+acked = int(replies.get("250", 0))
+other = ",".join(f"{k}={v}" for k, v in sorted(replies.items()) if k != "250") or "-"
+stored = "-" if before == "-" else str(int(after) - int(before))
+msgs = max(int(r["messages"]), 1)
+cpu_ms = int(jiffies) * 1000.0 / int(tck) / msgs
+l = r["latency_ms"]
+print("\t".join([peer, durable, conns, rnd, str(r["messages"]), f'{r["seconds"]:.3f}',
+                 f'{r["msgs_per_sec"]:.1f}', f'{l["p50"]:.3f}', f'{l["p90"]:.3f}',
+                 f'{l["p99"]:.3f}', f'{l["max"]:.3f}', str(acked), other,
+                 str(r.get("errors", 0)), stored, f"{cpu_ms:.3f}"]))
+EOF
+)
+  echo "$line" >> "$RESULTS_TSV"
+  IFS=$'\t' read -r _ _ _ _ _ _ mps _ _ p99 _ acked other errs stored _ <<< "$line"
+  ACKED_TOTAL[$peer]=$(( ${ACKED_TOTAL[$peer]} + acked ))
+  log "$(printf '%-12s c=%-3s round %-6s %9s msgs/s  p99 %7s ms  250=%s other=%s errors=%s stored=%s' \
+    "$peer" "$c" "$round" "$mps" "$p99" "$acked" "$other" "$errs" "$stored")"
+  if [ "$stored" != - ] && [ "$stored" -ne "$acked" ]; then
+    warn "!!! MISMATCH: $peer acknowledged $acked messages with 250 but stored $stored (c=$c round $round) !!!"
+    MISMATCHES+=("$peer c=$c round $round: 250 x $acked, stored $stored")
+  fi
+  if [ "$other" != - ] || [ "$errs" != 0 ]; then
+    warn "$peer c=$c round $round: replies other than 250: $other, connection errors: $errs (see $WORKDIR/bench-$peer.err)"
+  fi
+}
+
+max_conns=0
+for c in $CONNS; do [ "$c" -gt "$max_conns" ] && max_conns=$c; done
+if [ "$WARMUP" -gt 0 ]; then
+  for p in $ACTIVE; do bench_one "$p" "$max_conns" warmup "$WARMUP"; done
+fi
+
+if [ -n "$DURATION" ]; then load_desc="${DURATION} s per run"; else load_desc="$MESSAGES messages per run"; fi
+log "measuring: peers [$ACTIVE], connections [$CONNS], $ROUNDS round(s), $load_desc, $SIZE-byte messages"
+T0=$SECONDS
+for round in $(seq 1 "$ROUNDS"); do
+  for c in $CONNS; do
+    for p in $ACTIVE; do
+      bench_one "$p" "$c" "$round" "$MESSAGES"
+    done
+  done
+done
+log "measured in $((SECONDS - T0)) s"
+
+# ---------------------------------------------------------------------------
+# Final check over the whole run (warm-ups included), then the table.
+
+VERIFY=()
+for p in $ACTIVE; do
+  [ "${DURABLE[$p]}" = yes ] || continue
+  total=$(( $(stored_count "$p") - ${STORED0[$p]} ))
+  if [ "$total" -eq "${ACKED_TOTAL[$p]}" ]; then
+    VERIFY+=("$p: ${ACKED_TOTAL[$p]} acknowledged, $total stored: ok")
+  else
+    VERIFY+=("$p: ${ACKED_TOTAL[$p]} acknowledged, $total stored: MISMATCH")
+    MISMATCHES+=("$p overall: 250 x ${ACKED_TOTAL[$p]}, stored $total")
+  fi
+done
+if has_peer smtp-once; then
+  states=$(python3 - "$WORKDIR/smtp-once/data/smtp-once.db" <<'EOF'
+import sqlite3, sys
+db = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True, timeout=30)
+rows = db.execute("SELECT state, COUNT(*) FROM queue GROUP BY state ORDER BY 2 DESC").fetchall()
+print(", ".join(f"{n} {s}" for s, n in rows))
+EOF
+)
+  VERIFY+=("smtp-once queue by state: $states; $(find "$WORKDIR/smtp-once/outbox" -type f | wc -l) files in its relay outbox (SMTP_ONCE_DELIVER=$SMTP_ONCE_DELIVER)")
+fi
+if has_peer postfix || has_peer postfix-hold; then
+  # Postfix's own view of its queue, as a cross-check of the file count.
+  pq=$(postqueue -c "$PF/etc" -p 2>/dev/null | tail -n 1 || true)
+  [ -n "$pq" ] && VERIFY+=("postqueue -p (postfix + postfix-hold, whole run): ${pq#-- }")
+fi
+
+cpu_model=$(awk -F': *' '/^model name/ {print $2; exit}' /proc/cpuinfo)
+[ -n "$cpu_model" ] || cpu_model=$(uname -m)
+MACHINE="$(nproc) CPUs ($cpu_model), $(awk '/^MemTotal/ {printf "%.0f GiB RAM", $2/1048576}' /proc/meminfo), Linux $(uname -r), $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME")"
+
+export MACHINE MARKDOWN ROUNDS SIZE CONNS
+export LOAD_DESC=$load_desc
+export VERSIONS_TEXT=$(printf '%s\n' "${VERSIONS[@]}")
+export VERIFY_TEXT=$(printf '%s\n' "${VERIFY[@]+"${VERIFY[@]}"}")
+export SKIPPED_TEXT=$(printf '%s\n' "${SKIPPED[@]+"${SKIPPED[@]}"}")
+export MISMATCH_TEXT=$(printf '%s\n' "${MISMATCHES[@]+"${MISMATCHES[@]}"}")
+export FAILED_TEXT=$(printf '%s\n' "${FAILED_RUNS[@]+"${FAILED_RUNS[@]}"}")
+if [ "$MARKDOWN" = 1 ]; then
+  # The plain table on stderr too, next to the progress lines.
+  MARKDOWN=0 python3 "$BENCHES_DIR/compare_report.py" "$RESULTS_TSV" >&2
+fi
+python3 "$BENCHES_DIR/compare_report.py" "$RESULTS_TSV"
+
+if [ "${#MISMATCHES[@]}" -gt 0 ] || [ "${#FAILED_RUNS[@]}" -gt 0 ]; then
+  exit 1
+fi
+exit 0
+}
