@@ -150,6 +150,10 @@ pub struct RawRelay {
     /// Age at which a still-deferred recipient expires (and bounces).
     #[serde(default = "default_max_age")]
     pub max_age: String,
+    /// How long delivered, failed and expired messages stay in the queue
+    /// (for `status`) before the worker removes them and their bodies.
+    #[serde(default = "default_keep_finished")]
+    pub keep_finished: String,
     /// Messages delivered at the same time, in total.
     #[serde(default = "default_workers")]
     pub workers: usize,
@@ -187,6 +191,7 @@ impl Default for RawRelay {
             insecure_skip_verify: false,
             retry_schedule: default_retry_schedule(),
             max_age: default_max_age(),
+            keep_finished: default_keep_finished(),
             workers: default_workers(),
             max_per_destination: default_max_per_destination(),
             lease: default_lease(),
@@ -241,6 +246,9 @@ fn default_retry_schedule() -> Vec<String> {
 fn default_max_age() -> String {
     "5d".into()
 }
+fn default_keep_finished() -> String {
+    "7d".into()
+}
 fn default_workers() -> usize {
     16
 }
@@ -289,6 +297,7 @@ pub struct Config {
 pub struct Delivery {
     pub retry_schedule: Vec<Duration>,
     pub max_age: Duration,
+    pub keep_finished: Duration,
     pub workers: usize,
     pub max_per_destination: usize,
     pub lease: Duration,
@@ -637,11 +646,13 @@ fn validate_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Delivery {
         })
         .collect();
     let max_age = p.duration("relay.max_age", &r.max_age);
+    let keep_finished = p.duration("relay.keep_finished", &r.keep_finished);
     let lease = p.duration("relay.lease", &r.lease);
     let poll_interval = p.duration("relay.poll_interval", &r.poll_interval);
     let timeout = p.duration("relay.timeout", &r.timeout);
     for (key, d) in [
         ("relay.max_age", max_age),
+        ("relay.keep_finished", keep_finished),
         ("relay.poll_interval", poll_interval),
         ("relay.timeout", timeout),
     ] {
@@ -701,6 +712,7 @@ fn validate_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Delivery {
     Delivery {
         retry_schedule,
         max_age,
+        keep_finished,
         workers: r.workers,
         max_per_destination: r.max_per_destination,
         lease,

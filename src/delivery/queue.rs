@@ -110,6 +110,30 @@ impl QueueDb {
         )?)
     }
 
+    /// Removes up to `limit` delivered, failed or expired messages (row,
+    /// body and attempts) last changed at or before `before`. Their ledger
+    /// entries stay until they expire, so a retry still gets its replay.
+    pub fn purge_finished(&self, before: UnixMillis, limit: usize) -> Result<usize, DeliveryError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let ids: Vec<String> = {
+            let mut stmt = tx.prepare_cached(
+                "SELECT id FROM queue WHERE state IN ('delivered', 'failed', 'expired')
+                   AND updated_at <= ?1 LIMIT ?2",
+            )?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            stmt.query_map(params![before, limit], |r| r.get(0))?
+                .collect::<Result<_, _>>()?
+        };
+        for id in &ids {
+            tx.execute("DELETE FROM delivery_attempt WHERE queue_id = ?1", [id])?;
+            tx.execute("DELETE FROM message_body WHERE queue_id = ?1", [id])?;
+            tx.execute("DELETE FROM queue WHERE id = ?1", [id])?;
+        }
+        tx.commit()?;
+        Ok(ids.len())
+    }
+
     /// When the next message becomes due (a lease expiring counts).
     pub fn next_due(&self) -> Result<Option<UnixMillis>, DeliveryError> {
         Ok(self.conn().query_row(
@@ -300,6 +324,46 @@ mod tests {
             )
             .expect("insert");
         (dir, db)
+    }
+
+    #[test]
+    fn finished_messages_are_purged_after_keep_finished() {
+        let (_dir, db) = setup();
+        db.conn()
+            .execute_batch(
+                "INSERT INTO queue (id, workspace, account, reverse_path, recipients, size, state,
+                                    attempts, next_attempt_at, created_at, updated_at)
+                 VALUES ('D1', 'w', 'a', 's@x', 'r@y', 1, 'delivered', 1, NULL, 100, 200),
+                        ('F1', 'w', 'a', 's@x', 'r@y', 1, 'failed', 1, NULL, 100, 300),
+                        ('D2', 'w', 'a', 's@x', 'r@y', 1, 'delivered', 1, NULL, 100, 900),
+                        ('H1', 'w', 'a', 's@x', 'r@y', 1, 'held', 0, NULL, 100, 100);
+                 INSERT INTO message_body (queue_id, trace, body)
+                   VALUES ('D1', 'T', x'42'), ('F1', 'T', x'42'), ('D2', 'T', x'42'), ('H1', 'T', x'42');
+                 INSERT INTO delivery_attempt (queue_id, recipient, at, outcome, reply)
+                   VALUES ('D1', 'r@y', 200, 'delivered', '250 ok');",
+            )
+            .expect("insert");
+        assert_eq!(db.purge_finished(500, 1).expect("purge"), 1);
+        assert_eq!(db.purge_finished(500, 10).expect("purge"), 1);
+        assert_eq!(db.purge_finished(500, 10).expect("purge"), 0);
+        let conn = db.conn();
+        let left: Vec<String> = conn
+            .prepare("SELECT id FROM queue ORDER BY id")
+            .expect("prepare")
+            .query_map([], |r| r.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert_eq!(left, ["D2", "H1", "Q1"], "recent, unfinished and held stay");
+        let orphans: i64 = conn
+            .query_row(
+                "SELECT (SELECT COUNT(*) FROM message_body WHERE queue_id NOT IN (SELECT id FROM queue))
+                      + (SELECT COUNT(*) FROM delivery_attempt WHERE queue_id NOT IN (SELECT id FROM queue))",
+                [],
+                |r| r.get(0),
+            )
+            .expect("count");
+        assert_eq!(orphans, 0, "bodies and attempts go with their rows");
     }
 
     #[test]

@@ -37,6 +37,7 @@ struct Ctx {
     workers: usize,
     lease: Duration,
     poll_interval: Duration,
+    keep_finished: Duration,
     limiter: Limiter,
     /// TEST ONLY: see `relay.delivery_test_pause_after_send`.
     test_pause: Duration,
@@ -86,6 +87,7 @@ impl Worker {
             workers: d.workers,
             lease: d.lease,
             poll_interval: d.poll_interval,
+            keep_finished: d.keep_finished,
             limiter: Limiter::new(d.max_per_destination),
             test_pause: d.test_pause_after_send,
         });
@@ -108,8 +110,13 @@ impl Worker {
 async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration) {
     let permits = Arc::new(Semaphore::new(ctx.workers));
     let mut tasks = JoinSet::new();
+    let mut next_purge = tokio::time::Instant::now();
     while !*stop.borrow() {
         while tasks.try_join_next().is_some() {}
+        if tokio::time::Instant::now() >= next_purge {
+            next_purge += PURGE_EVERY;
+            purge_finished(&ctx).await;
+        }
         let free = permits.available_permits();
         let (mut claimed, mut failed) = (0, false);
         if free > 0 {
@@ -174,6 +181,27 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration) {
         Err(e) => tracing::warn!(error = %e, "cannot release leases; they expire by themselves"),
     }
     tracing::info!("delivery worker stopped");
+}
+
+/// How often finished messages older than `relay.keep_finished` are removed.
+const PURGE_EVERY: Duration = Duration::from_secs(60);
+
+/// Small batches keep each write transaction short beside acceptances.
+async fn purge_finished(ctx: &Arc<Ctx>) {
+    const BATCH: usize = 500;
+    let before = now_millis().saturating_sub(millis(ctx.keep_finished));
+    loop {
+        match blocking(&ctx.db, move |db| db.purge_finished(before, BATCH)).await {
+            Ok(n) if n > 0 => {
+                tracing::info!(removed = n, "finished messages removed from the queue")
+            }
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot remove finished messages");
+                return;
+            }
+        }
+    }
 }
 
 async fn deliver_one(ctx: Arc<Ctx>, id: String, _permit: OwnedSemaphorePermit) {
