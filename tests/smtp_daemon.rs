@@ -279,6 +279,12 @@ async fn too_many_bad_commands_disconnects() {
     }
     assert_eq!(last, 421);
     assert!(c.is_closed().await);
+    let log = d.log();
+    assert!(
+        log.contains("bad command") && log.contains("500 5.5.1 Unknown command"),
+        "every bad command is logged with its reply:\n{log}"
+    );
+    assert!(log.contains("too many bad commands, disconnecting"));
 }
 
 #[tokio::test]

@@ -57,7 +57,7 @@ pub async fn handle(
     }
     .await;
     if let Err(e) = result {
-        tracing::debug!(?peer, error = %e, "connection ended with an error");
+        tracing::info!(?peer, error = %e, "connection ended with an error");
     }
 }
 

@@ -447,6 +447,18 @@ impl Session {
 
     fn count_bad_command(&mut self) -> Option<Action> {
         self.bad_commands += 1;
+        // The reply just queued is the last line of the output.
+        let body = self.output.strip_suffix(b"\r\n").unwrap_or(&self.output);
+        let start = body
+            .windows(2)
+            .rposition(|w| w == b"\r\n")
+            .map_or(0, |i| i + 2);
+        tracing::info!(
+            peer = %self.peer,
+            count = self.bad_commands,
+            reply = %String::from_utf8_lossy(&body[start..]),
+            "bad command"
+        );
         if self.bad_commands > self.config.max_bad_commands {
             tracing::warn!(peer = %self.peer, "too many bad commands, disconnecting");
             self.write(Reply::new(
