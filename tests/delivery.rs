@@ -694,6 +694,46 @@ async fn killed_after_the_next_hop_accepted_then_retried_leaves_one_copy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_key_from_two_workspaces_reaches_the_next_hop_twice() {
+    // B scopes keys by A's one relay account, so A's two workspaces share
+    // one key space there; the second message must not bounce as E01005.
+    let b = Daemon::start(Options::default());
+    let a = Daemon::start(Options {
+        relay: Some(smarthost(b.plain, Some(("bob", "bob-pw")))),
+        extra: FAST.into(),
+        ..Options::default()
+    });
+    let key = "shared-across-workspaces";
+    let acme = submit(
+        &a,
+        "alice",
+        "alice@example.test",
+        &["r@example.net"],
+        &message(Some(key), "from acme"),
+    )
+    .await;
+    wait_state(&a, &acme, "delivered").await;
+    let globex = submit(
+        &a,
+        "carol",
+        "carol@globex.test",
+        &["r@example.net"],
+        &message(Some(key), "from globex"),
+    )
+    .await;
+    wait_state(&a, &globex, "delivered").await;
+    assert_eq!(b.queue_count(), 2, "both messages reached B");
+    assert_eq!(b.queue_ids_for_key(key).len(), 1);
+    assert_eq!(
+        b.queue_ids_for_key(&format!("smtp-once-{globex}")).len(),
+        1,
+        "the second went under the queue-id key"
+    );
+    assert!(bounces(&a).is_empty(), "nothing bounced");
+    assert!(a.log().contains("retrying under the queue-id key"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_hold_release_retry_and_delete() {
     let port = free_port();
     let a = Daemon::start(Options {

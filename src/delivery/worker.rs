@@ -183,6 +183,44 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration) {
     tracing::info!("delivery worker stopped");
 }
 
+/// The next hop refused the submitter's key as already used for a different
+/// message (E01005). Our own retries send the same bytes for the same
+/// recipients, so this is someone else's message under that key there:
+/// another of our workspaces (the next hop scopes keys by our one relay
+/// account), or one older than our retention. Those recipients are tried
+/// again at once under the key derived from the queue id, which only this
+/// message has. The choice is a function of the next hop's answer, so after
+/// a crash the retry takes the same path and is replayed, not sent twice.
+async fn retry_key_collisions(
+    transport: &Transport,
+    msg: &Outgoing,
+    results: &mut Vec<RcptResult>,
+) {
+    if msg.idempotency_key.is_none() {
+        return;
+    }
+    let collided: Vec<String> = results
+        .iter()
+        .filter(|r| r.status == Status::Failed && r.reply.contains("E01005"))
+        .map(|r| r.recipient.clone())
+        .collect();
+    if collided.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        queue_id = %msg.id,
+        recipients = collided.len(),
+        "next hop has the key for another message (E01005); retrying under the queue-id key"
+    );
+    let derived = Outgoing {
+        idempotency_key: None,
+        ..msg.clone()
+    };
+    let retried = transport.deliver(&derived, &collided).await;
+    results.retain(|r| !collided.contains(&r.recipient));
+    results.extend(retried);
+}
+
 /// How often finished messages older than `relay.keep_finished` are removed.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
 
@@ -267,7 +305,9 @@ async fn deliver_to_destinations(
             // too: past the lease another claim could deliver it again.
             let attempt = async {
                 let _slot = ctx.limiter.acquire(&dest).await;
-                ctx.transport.deliver(&msg, &rcpts).await
+                let mut results = ctx.transport.deliver(&msg, &rcpts).await;
+                retry_key_collisions(&ctx.transport, &msg, &mut results).await;
+                results
             };
             match tokio::time::timeout(ctx.lease / 2, attempt).await {
                 Ok(results) => (rcpts, Some(results)),
