@@ -282,3 +282,107 @@ fn help_vrfy_and_unimplemented() {
     let (out, _) = feed(&mut s, b"HELP\r\nVRFY bob\r\nEXPN list\r\n");
     assert_eq!(codes(&out), ["214", "252", "502"]);
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Runs a whole input through a session, split at `cuts`, answering every
+    /// action the way the driver would; returns the output and submissions.
+    fn run(input: &[u8], cuts: &[usize]) -> (Vec<u8>, Vec<Vec<u8>>) {
+        let mut s = session(true);
+        let mut out = Vec::new();
+        let mut subs = Vec::new();
+        let mut bounds: Vec<usize> = cuts.iter().map(|c| c % (input.len() + 1)).collect();
+        bounds.push(input.len());
+        bounds.sort_unstable();
+        let mut start = 0;
+        for end in bounds {
+            s.input().extend_from_slice(&input[start..end]);
+            start = end;
+            loop {
+                match s.advance() {
+                    Action::NeedInput => break,
+                    Action::Close => {
+                        out.extend(s.take_output());
+                        return (out, subs);
+                    }
+                    Action::Submit(sub) => {
+                        subs.push(sub.content);
+                        s.submission_done(b"250 2.0.0 Ok: queued as X\r\n");
+                    }
+                    Action::StartTls => s.tls_started(),
+                    Action::Authenticate { .. } => s.auth_result(None),
+                }
+            }
+            out.extend(s.take_output());
+        }
+        (out, subs)
+    }
+
+    fn replies_are_well_formed(out: &[u8]) -> bool {
+        out.split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .all(|l| {
+                l.len() >= 5
+                    && l[..3].iter().all(u8::is_ascii_digit)
+                    && (l[3] == b' ' || l[3] == b'-')
+                    && l.ends_with(b"\r")
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Arbitrary bytes in arbitrary chunks never panic, and every byte
+        /// the server sends is a well-formed reply line.
+        #[test]
+        fn arbitrary_input_never_panics(
+            input in proptest::collection::vec(any::<u8>(), 0..2048),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+        ) {
+            let (out, _) = run(&input, &cuts);
+            prop_assert!(replies_are_well_formed(&out), "{}", String::from_utf8_lossy(&out));
+        }
+
+        /// Command-shaped noise (the bytes the parser branches on) too.
+        #[test]
+        fn command_noise_never_panics(
+            parts in proptest::collection::vec(
+                prop_oneof![
+                    Just(&b"EHLO x\r\n"[..]), Just(&b"MAIL FROM:<a@b.test>\r\n"[..]),
+                    Just(&b"RCPT TO:<c@d.test>\r\n"[..]), Just(&b"DATA\r\n"[..]),
+                    Just(&b"BDAT 3\r\n"[..]), Just(&b"BDAT 2 LAST\r\n"[..]),
+                    Just(&b".\r\n"[..]), Just(&b"\r\n"[..]), Just(&b"\n"[..]),
+                    Just(&b"AUTH LOGIN\r\n"[..]), Just(&b"RSET\r\n"[..]),
+                    Just(&b"STARTTLS\r\n"[..]), Just(&b"x"[..]), Just(&b"\r"[..]),
+                ],
+                0..40,
+            ),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+        ) {
+            let input: Vec<u8> = parts.concat();
+            let (out, _) = run(&input, &cuts);
+            prop_assert!(replies_are_well_formed(&out), "{}", String::from_utf8_lossy(&out));
+        }
+
+        /// How the network splits a pipelined session never changes what
+        /// the server answers or what it accepts.
+        #[test]
+        fn chunking_does_not_change_the_outcome(
+            body in "[a-z .]{0,200}",
+            cuts in proptest::collection::vec(any::<usize>(), 0..12),
+        ) {
+            let message = format!("Subject: p\r\n\r\n{}\r\n", body.replace(' ', "\r\n"));
+            let stuffed = message.replace("\r\n.", "\r\n..");
+            let input = format!(
+                "EHLO me\r\nMAIL FROM:<a@b.test>\r\nRCPT TO:<c@d.test>\r\nDATA\r\n{stuffed}.\r\nNOOP\r\nQUIT\r\n"
+            );
+            let whole = run(input.as_bytes(), &[]);
+            let split = run(input.as_bytes(), &cuts);
+            prop_assert_eq!(&whole, &split);
+            prop_assert_eq!(whole.1.len(), 1);
+            prop_assert_eq!(&whole.1[0], &message.into_bytes());
+        }
+    }
+}
