@@ -140,17 +140,9 @@ impl Acceptor {
         let id = queue_id::next();
         let reply = Reply::new(250, "2.0.0", &format!("Ok: queued as {id}")).to_bytes();
         let trace = received_header(&sub, &self.hostname, &id, now);
-        let ledger = keyed.map(|k| {
-            let key = k.key.clone();
-            (
-                self.ledger_entry(&workspace, k, reply.clone(), Some(id.clone()), now),
-                key,
-            )
-        });
-        let (ledger, idempotency_key) = match ledger {
-            Some((entry, key)) => (Some(entry), Some(key)),
-            None => (None, None),
-        };
+        let idempotency_key = keyed.as_ref().map(|k| k.key.clone());
+        let ledger =
+            keyed.map(|k| self.ledger_entry(&workspace, k, reply.clone(), Some(id.clone()), now));
         let recipients = sub.recipients.len();
         let acceptance = Acceptance {
             ledger,
