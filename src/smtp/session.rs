@@ -167,8 +167,11 @@ impl Session {
     pub fn in_data(&self) -> bool {
         matches!(
             self.state,
-            State::Data { .. } | State::DataDiscard { .. } | State::Bdat { .. }
-        ) || matches!(self.state, State::BdatDiscard { .. })
+            State::Data { .. }
+                | State::DataDiscard { .. }
+                | State::Bdat { .. }
+                | State::BdatDiscard { .. }
+        )
     }
 
     pub fn is_closed(&self) -> bool {
