@@ -406,6 +406,52 @@ async fn second_daemon_on_same_data_dir_refuses_to_start() {
     assert!(err.contains("in use by another smtp-once process"), "{err}");
 }
 
+#[tokio::test]
+async fn example_config_runs_with_its_demo_account() {
+    // config.example.toml as shipped, with only its loopback ports made
+    // ephemeral and its relative paths (certs, data) pointed at real places.
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::create_dir(dir.path().join("certs")).expect("certs dir");
+    for f in ["dev-cert.pem", "dev-key.pem"] {
+        std::fs::copy(
+            common::repo_path(&format!("certs/{f}")),
+            dir.path().join("certs").join(f),
+        )
+        .expect("copy cert");
+    }
+    let example =
+        std::fs::read_to_string(common::repo_path("config.example.toml")).expect("example");
+    let text = example
+        .replace("127.0.0.1:2587", "127.0.0.1:0")
+        .replace("127.0.0.1:2465", "127.0.0.1:0");
+    let d = Daemon::with_config(dir, &text);
+    let mut c = Client::connect(d.addrs[0]).await;
+    c.ehlo().await;
+    c.starttls().await;
+    c.ehlo().await;
+    let r = c.auth_plain("demo", "demo-password").await;
+    assert_eq!(r.code, 235, "the README's demo password works: {r:?}");
+    let m = b"From: you@example.test\r\nX-Bird-Idempotency-Key: example-1\r\n\r\nhi\r\n";
+    let r = c
+        .submit("you@example.test", &["someone@example.net"], m)
+        .await;
+    assert_eq!(r.code, 250, "{r:?}");
+    let id = r.queue_id().expect("id");
+    let eml = d.dir.path().join("data/outbox").join(format!("{id}.eml"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !eml.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never written",
+            eml.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut tls = Client::connect_implicit_tls(d.addrs[1]).await;
+    tls.ehlo().await;
+    assert_eq!(tls.auth_plain("demo", "demo-password").await.code, 235);
+}
+
 #[test]
 fn check_config_reports_problems_by_key() {
     let dir = tempfile::tempdir().expect("tmp");

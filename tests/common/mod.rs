@@ -76,6 +76,8 @@ pub struct Daemon {
     pub plain: SocketAddr,
     pub starttls: SocketAddr,
     pub implicit: SocketAddr,
+    /// Every bound listener, in the order of the config file.
+    pub addrs: Vec<SocketAddr>,
     pub stderr_path: PathBuf,
 }
 
@@ -86,9 +88,17 @@ pub fn repo_path(rel: &str) -> PathBuf {
 impl Daemon {
     pub fn start(options: Options) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
+        let text = config_text(&options, dir.path());
+        Self::with_config(dir, &text)
+    }
+
+    /// Runs the binary on `text` as its config file, in `dir`. Listener
+    /// addresses in the order of the file are in `addrs`.
+    pub fn with_config(dir: tempfile::TempDir, text: &str) -> Daemon {
         let config_path = dir.path().join("smtp-once.toml");
-        std::fs::write(&config_path, config_text(&options, dir.path())).expect("write config");
+        std::fs::write(&config_path, text).expect("write config");
         let mut d = Daemon {
+            addrs: Vec::new(),
             child: None,
             stderr_path: dir.path().join("daemon.log"),
             dir,
@@ -136,8 +146,12 @@ impl Daemon {
                 }
             }
         });
+        let want = std::fs::read_to_string(&self.config_path)
+            .expect("config")
+            .matches("[[listener]]")
+            .count();
         let mut addrs = Vec::new();
-        while addrs.len() < 3 {
+        while addrs.len() < want {
             let line = rx
                 .recv_timeout(Duration::from_secs(20))
                 .unwrap_or_else(|_| panic!("daemon did not start; log:\n{}", self.log()));
@@ -146,9 +160,10 @@ impl Daemon {
                 addrs.push(addr.parse::<SocketAddr>().expect("socket addr"));
             }
         }
-        self.plain = addrs[0];
-        self.starttls = addrs[1];
-        self.implicit = addrs[2];
+        if let [plain, starttls, implicit] = addrs[..] {
+            (self.plain, self.starttls, self.implicit) = (plain, starttls, implicit);
+        }
+        self.addrs = addrs;
         self.child = Some(child);
     }
 
