@@ -231,16 +231,8 @@ impl MxTransport {
             }
             match session {
                 Ok(session) => {
-                    let content = msg.bytes_for(recipients);
-                    let hop = format!("{host} [{addr}]");
                     return Ok(session
-                        .send(
-                            &msg.reverse_path,
-                            recipients,
-                            &content,
-                            &hop,
-                            self.settings.timeout,
-                        )
+                        .relay(msg, recipients, host, addr, self.settings.timeout)
                         .await);
                 }
                 Err(e) => last = format!("{host} [{addr}]: {e}"),

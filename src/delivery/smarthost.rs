@@ -103,16 +103,8 @@ impl SmarthostTransport {
             .await
             {
                 Ok(session) => {
-                    let content = msg.bytes_for(recipients);
-                    let hop = format!("{} [{addr}]", self.host);
                     return session
-                        .send(
-                            &msg.reverse_path,
-                            recipients,
-                            &content,
-                            &hop,
-                            self.settings.timeout,
-                        )
+                        .relay(msg, recipients, &self.host, addr, self.settings.timeout)
                         .await;
                 }
                 Err(e) => last = e.message,

@@ -15,6 +15,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 use super::content::dot_stuffed;
+use super::transport::Outgoing;
 use super::{RcptResult, Status};
 
 #[derive(Clone)]
@@ -196,6 +197,22 @@ async fn authenticate<T: AsyncRead + AsyncWrite + Unpin>(
 impl Session {
     /// One transaction; every recipient gets its own result. Ends the
     /// session with QUIT.
+    /// Relays `msg` to `recipients` over this session: the bytes for that
+    /// recipient set (with its hop key), recorded as sent via `host [addr]`.
+    pub async fn relay(
+        self,
+        msg: &Outgoing,
+        recipients: &[String],
+        host: &str,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Vec<RcptResult> {
+        let content = msg.bytes_for(recipients);
+        let hop = format!("{host} [{addr}]");
+        self.send(&msg.reverse_path, recipients, &content, &hop, timeout)
+            .await
+    }
+
     pub async fn send(
         self,
         from: &str,
