@@ -44,6 +44,93 @@ pub struct RawConfig {
     pub idempotency: RawIdempotency,
     #[serde(default)]
     pub relay: RawRelay,
+    #[serde(default)]
+    pub limits: RawLimits,
+}
+
+/// Defences against hostile clients (README "Limits"). Each default is
+/// what a production submission port on the internet needs.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    /// Connections at once from one client IP (Postfix: 50).
+    #[serde(default = "default_max_connections_per_ip")]
+    pub max_connections_per_ip: usize,
+    /// A TLS handshake (implicit or after STARTTLS) must finish within this.
+    #[serde(default = "default_tls_handshake_timeout")]
+    pub tls_handshake_timeout: String,
+    /// A whole command line must arrive within this, however it trickles.
+    #[serde(default = "default_command_time_limit")]
+    pub command_time_limit: String,
+    /// A whole message (DATA or all BDAT chunks) must arrive within this.
+    #[serde(default = "default_message_time_limit")]
+    pub message_time_limit: String,
+    /// A reply must be taken by the client within this.
+    #[serde(default = "default_write_timeout")]
+    pub write_timeout: String,
+    /// NOOP, RSET, VRFY, HELP and the like per session (Postfix: 100).
+    #[serde(default = "default_max_junk_commands")]
+    pub max_junk_commands: u32,
+    /// Message bytes held in memory by all sessions together.
+    #[serde(default = "default_max_bytes_in_flight")]
+    pub max_bytes_in_flight: u64,
+    /// Message bytes held in memory by one account's sessions.
+    #[serde(default = "default_max_bytes_in_flight_per_account")]
+    pub max_bytes_in_flight_per_account: u64,
+    /// MIME nesting depth (Postfix `mime_nesting_limit`: 100).
+    #[serde(default = "default_max_mime_depth")]
+    pub max_mime_depth: usize,
+    /// MIME parts in one message.
+    #[serde(default = "default_max_mime_parts")]
+    pub max_mime_parts: usize,
+}
+
+impl Default for RawLimits {
+    fn default() -> Self {
+        Self {
+            max_connections_per_ip: default_max_connections_per_ip(),
+            tls_handshake_timeout: default_tls_handshake_timeout(),
+            command_time_limit: default_command_time_limit(),
+            message_time_limit: default_message_time_limit(),
+            write_timeout: default_write_timeout(),
+            max_junk_commands: default_max_junk_commands(),
+            max_bytes_in_flight: default_max_bytes_in_flight(),
+            max_bytes_in_flight_per_account: default_max_bytes_in_flight_per_account(),
+            max_mime_depth: default_max_mime_depth(),
+            max_mime_parts: default_max_mime_parts(),
+        }
+    }
+}
+
+fn default_max_connections_per_ip() -> usize {
+    50
+}
+fn default_tls_handshake_timeout() -> String {
+    "10s".into()
+}
+fn default_command_time_limit() -> String {
+    "5m".into()
+}
+fn default_message_time_limit() -> String {
+    "10m".into()
+}
+fn default_write_timeout() -> String {
+    "1m".into()
+}
+fn default_max_junk_commands() -> u32 {
+    100
+}
+fn default_max_bytes_in_flight() -> u64 {
+    512 * 1024 * 1024
+}
+fn default_max_bytes_in_flight_per_account() -> u64 {
+    128 * 1024 * 1024
+}
+fn default_max_mime_depth() -> usize {
+    100
+}
+fn default_max_mime_parts() -> usize {
+    10_000
 }
 
 #[derive(Debug, Deserialize)]
@@ -290,6 +377,22 @@ pub struct Config {
     pub purge_interval: Duration,
     pub relay: Relay,
     pub delivery: Delivery,
+    pub limits: Limits,
+}
+
+/// `[limits]`, validated.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_connections_per_ip: usize,
+    pub tls_handshake_timeout: Duration,
+    pub command_time_limit: Duration,
+    pub message_time_limit: Duration,
+    pub write_timeout: Duration,
+    pub max_junk_commands: u32,
+    pub max_bytes_in_flight: usize,
+    pub max_bytes_in_flight_per_account: usize,
+    pub max_mime_depth: usize,
+    pub max_mime_parts: usize,
 }
 
 /// How the delivery worker runs, whatever the relay mode.
@@ -485,7 +588,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         key: resolve(base, &t.key),
     });
     if let Some(files) = &tls
-        && let Err(e) = crate::server::tls::load_server_config(files)
+        && let Err(e) = crate::tls::load_server_config(&files.cert, &files.key)
     {
         p.add("tls", e);
     }
@@ -604,6 +707,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         }
     };
     let delivery = validate_delivery(r, base, p);
+    let limits = validate_limits(&raw.limits, p);
 
     Config {
         path: path.to_path_buf(),
@@ -625,6 +729,56 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         purge_interval,
         relay,
         delivery,
+        limits,
+    }
+}
+
+fn validate_limits(l: &RawLimits, p: &mut Problems) -> Limits {
+    let tls_handshake_timeout =
+        p.duration("limits.tls_handshake_timeout", &l.tls_handshake_timeout);
+    let command_time_limit = p.duration("limits.command_time_limit", &l.command_time_limit);
+    let message_time_limit = p.duration("limits.message_time_limit", &l.message_time_limit);
+    let write_timeout = p.duration("limits.write_timeout", &l.write_timeout);
+    for (key, d) in [
+        ("limits.tls_handshake_timeout", tls_handshake_timeout),
+        ("limits.command_time_limit", command_time_limit),
+        ("limits.message_time_limit", message_time_limit),
+        ("limits.write_timeout", write_timeout),
+    ] {
+        if d.is_zero() {
+            p.add(key, "must be greater than 0");
+        }
+    }
+    for (key, n) in [
+        (
+            "limits.max_connections_per_ip",
+            l.max_connections_per_ip as u64,
+        ),
+        ("limits.max_junk_commands", u64::from(l.max_junk_commands)),
+        ("limits.max_bytes_in_flight", l.max_bytes_in_flight),
+        (
+            "limits.max_bytes_in_flight_per_account",
+            l.max_bytes_in_flight_per_account,
+        ),
+        ("limits.max_mime_depth", l.max_mime_depth as u64),
+        ("limits.max_mime_parts", l.max_mime_parts as u64),
+    ] {
+        if n == 0 {
+            p.add(key, "must be greater than 0");
+        }
+    }
+    let bytes = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    Limits {
+        max_connections_per_ip: l.max_connections_per_ip,
+        tls_handshake_timeout,
+        command_time_limit,
+        message_time_limit,
+        write_timeout,
+        max_junk_commands: l.max_junk_commands,
+        max_bytes_in_flight: bytes(l.max_bytes_in_flight),
+        max_bytes_in_flight_per_account: bytes(l.max_bytes_in_flight_per_account),
+        max_mime_depth: l.max_mime_depth,
+        max_mime_parts: l.max_mime_parts,
     }
 }
 
@@ -684,7 +838,7 @@ fn validate_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Delivery {
         }
         (Some(file), false) => {
             let file = resolve(base, file);
-            if let Err(e) = crate::delivery::tls::load_roots(&file) {
+            if let Err(e) = crate::tls::load_roots(&file) {
                 p.add("relay.ca_file", e);
             }
             TlsTrust::CaFile(file)
@@ -699,7 +853,7 @@ fn validate_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Delivery {
         );
     }
     if let (Some(host), "smarthost") = (&r.smarthost, r.mode.as_str())
-        && let Err(e) = crate::delivery::smarthost::split_host_port(host, TlsMode::None)
+        && let Err(e) = crate::net::split_host_port(host, 25)
     {
         p.add("relay.smarthost", e);
     }

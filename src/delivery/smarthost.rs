@@ -18,36 +18,14 @@ pub struct SmarthostTransport {
     settings: ClientSettings,
 }
 
-/// Splits `host[:port]` (`[v6]:port` too); the port defaults by TLS mode.
+/// Splits `host[:port]`; the port defaults by TLS mode.
 pub fn split_host_port(value: &str, tls: TlsMode) -> Result<(String, u16), String> {
     let default = match tls {
         TlsMode::Implicit => 465,
         TlsMode::StartTls => 587,
         TlsMode::None => 25,
     };
-    let (host, port) = if let Some(rest) = value.strip_prefix('[') {
-        let (host, after) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("{value:?}: missing ]"))?;
-        (host, after.strip_prefix(':'))
-    } else {
-        match value.rsplit_once(':') {
-            Some((h, p)) if !h.contains(':') => (h, Some(p)),
-            _ => (value, None),
-        }
-    };
-    if host.is_empty() {
-        return Err(format!("{value:?}: empty host"));
-    }
-    let port = match port {
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| format!("{value:?}: bad port"))?,
-        None => default,
-    };
-    Ok((host.to_owned(), port))
+    crate::net::split_host_port(value, default)
 }
 
 impl SmarthostTransport {

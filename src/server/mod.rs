@@ -2,7 +2,6 @@
 //! background purge of expired ledger entries.
 
 pub mod connection;
-pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,9 +36,9 @@ pub struct Server {
 impl Server {
     /// Binds every listener and starts accepting.
     pub async fn start(config: &Config, store: Arc<dyn Store>) -> Result<Server, String> {
-        tls::install_crypto_provider();
+        crate::tls::install_crypto_provider();
         let tls = match &config.tls {
-            Some(files) => Some(tls::load_server_config(files)?),
+            Some(files) => Some(crate::tls::load_server_config(&files.cert, &files.key)?),
             None => None,
         };
         let shared = Arc::new(Shared {

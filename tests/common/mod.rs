@@ -43,6 +43,8 @@ pub struct Options {
     pub allow_plaintext: bool,
     pub trusted_network: Option<(&'static str, &'static str)>,
     pub extra: String,
+    /// Lines inside `[auth]` (other sections can go in `extra`).
+    pub auth_extra: String,
     /// Replaces the whole `[relay]` section (default: file mode into
     /// `outbox/`); `extra` is appended after it either way.
     pub relay: Option<String>,
@@ -62,6 +64,7 @@ impl Default for Options {
             allow_plaintext: true,
             trusted_network: None,
             extra: String::new(),
+            auth_extra: String::new(),
             relay: None,
             plain_addr: None,
         }
@@ -303,6 +306,7 @@ key = "{key}"
 
 [auth]
 allow_plaintext = {plain}
+{auth_extra}
 
 {users}
 {trusted}
@@ -324,6 +328,7 @@ purge_interval = "{purge}"
         retention = o.retention,
         purge = o.purge_interval,
         extra = o.extra,
+        auth_extra = o.auth_extra,
     )
 }
 

@@ -1,0 +1,51 @@
+//! TLS helpers on the ground floor, shared by the listeners, the delivery
+//! side and configuration checks: rustls with the `ring` provider, PEM
+//! through `rustls-pki-types`. They take paths, never config structs.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::{RootCertStore, ServerConfig};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// Installs `ring` as the process-wide provider; harmless when already done.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no certificate found", path.display()));
+    }
+    Ok(certs)
+}
+
+/// A server configuration from a PEM certificate chain and its key.
+pub fn load_server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> {
+    let certs = load_certs(cert).map_err(|e| format!("cert {e}"))?;
+    let key_der =
+        PrivateKeyDer::from_pem_file(key).map_err(|e| format!("key {}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("tls: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key_der)
+        .map_err(|e| format!("cert/key {}: {e}", key.display()))?;
+    Ok(Arc::new(config))
+}
+
+/// The certificates of a PEM file, as trust roots.
+pub fn load_roots(path: &Path) -> Result<RootCertStore, String> {
+    let mut roots = RootCertStore::empty();
+    for cert in load_certs(path)? {
+        roots
+            .add(cert)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(roots)
+}
