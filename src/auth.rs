@@ -8,6 +8,7 @@ use std::sync::Arc;
 use argon2::{Argon2, PasswordHash, PasswordVerifier};
 use tokio::sync::Semaphore;
 
+use crate::address::ReversePath;
 use crate::config::Config;
 
 /// The identity a message is submitted under; its workspace scopes
@@ -44,6 +45,14 @@ impl Submitter {
             Submitter::TrustedNetwork { .. } => true,
         }
     }
+
+    /// The envelope sender check: see [`SenderPattern::matches_path`].
+    pub fn may_send_as_path(&self, path: &ReversePath) -> bool {
+        match self {
+            Submitter::Account(a) => a.may_send_as_path(path),
+            Submitter::TrustedNetwork { .. } => true,
+        }
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -58,6 +67,13 @@ impl Account {
         match &self.allowed_senders {
             None => true,
             Some(patterns) => patterns.iter().any(|p| p.matches(address)),
+        }
+    }
+
+    pub fn may_send_as_path(&self, path: &ReversePath) -> bool {
+        match &self.allowed_senders {
+            None => true,
+            Some(patterns) => patterns.iter().any(|p| p.matches_path(path)),
         }
     }
 }
@@ -81,6 +97,29 @@ impl SenderPattern {
 
     pub fn matches(&self, address: &str) -> bool {
         glob_match(self.0.as_bytes(), address.to_ascii_lowercase().as_bytes())
+    }
+
+    /// An envelope sender, split at its real `@` (the one outside quotes):
+    /// the pattern's domain must match the domain as written, and its local
+    /// part the local part's value (`"a@b> x"@d` has the value `a@b> x` and
+    /// the domain `d`; `"bob"@d` is `bob@d`). Both ignore ASCII case. So a
+    /// quoted local part can never move an address into another domain.
+    /// `<>` matches only a pattern of stars.
+    pub fn matches_path(&self, path: &ReversePath) -> bool {
+        let ReversePath::Mailbox(address) = path else {
+            return glob_match(self.0.as_bytes(), b"");
+        };
+        let Some((local, domain)) = self.0.split_once('@') else {
+            // `*`: any sender.
+            return glob_match(self.0.as_bytes(), address.as_smtp().as_bytes());
+        };
+        glob_match(
+            domain.as_bytes(),
+            address.domain().to_ascii_lowercase().as_bytes(),
+        ) && glob_match(
+            local.as_bytes(),
+            address.local_value().to_ascii_lowercase().as_bytes(),
+        )
     }
 }
 
@@ -275,6 +314,27 @@ mod tests {
         assert!(SenderPattern::parse("*").unwrap().matches(""));
         assert!(SenderPattern::parse("@@").is_err());
         assert!(SenderPattern::parse("").is_err());
+    }
+
+    #[test]
+    fn envelope_senders_match_by_domain_and_local_value() {
+        let path = |t: &str| ReversePath::parse(t).expect(t);
+        let any_in = SenderPattern::parse("*@Example.test").unwrap();
+        assert!(any_in.matches_path(&path("alice@EXAMPLE.test")));
+        // Quoted, it stays a mailbox in example.test whatever it contains.
+        assert!(any_in.matches_path(&path("\"ceo@victim.test> ENVID=x\"@example.test")));
+        assert!(!any_in.matches_path(&path("\"x@example.test\"@victim.test")));
+        assert!(!any_in.matches_path(&path("a@example.test.victim.test")));
+        assert!(!any_in.matches_path(&ReversePath::Null));
+        assert!(!any_in.matches_path(&path("a@[127.0.0.1]")));
+        let exact = SenderPattern::parse("billing@acme.test").unwrap();
+        assert!(exact.matches_path(&path("Billing@acme.test")));
+        assert!(exact.matches_path(&path("\"billing\"@acme.test")));
+        assert!(!exact.matches_path(&path("\"billing@acme.test\"@evil.test")));
+        assert!(!exact.matches_path(&path("\"billing x\"@acme.test")));
+        let star = SenderPattern::parse("*").unwrap();
+        assert!(star.matches_path(&ReversePath::Null));
+        assert!(star.matches_path(&path("\"a b\"@c.test")));
     }
 
     #[test]

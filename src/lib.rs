@@ -3,6 +3,7 @@
 //! See `ARCHITECTURE.md` for the modules and the path of one message.
 
 pub mod accept;
+pub mod address;
 pub mod auth;
 pub mod bench;
 pub mod cli;

@@ -1,5 +1,6 @@
 //! The SMTP protocol, without I/O.
 
+pub mod path_command;
 pub mod reply;
 pub mod session;
 

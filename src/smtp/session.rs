@@ -11,9 +11,10 @@ use std::sync::Arc;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use smtp_proto::request::receiver::{BdatReceiver, DataReceiver, DummyDataReceiver};
-use smtp_proto::{AUTH_LOGIN, AUTH_PLAIN, Error as ParseError, MailFrom, RcptTo, Request};
+use smtp_proto::{AUTH_LOGIN, AUTH_PLAIN, Error as ParseError, Request};
 
 use crate::auth::{Account, Submitter};
+use crate::smtp::path_command::{self, CommandError, Verb};
 use crate::smtp::reply::Reply;
 
 /// RFC 5321 4.5.3.1.4: a command line is at most 512 octets with CRLF.
@@ -370,6 +371,13 @@ impl Session {
     }
 
     fn command(&mut self, line: &[u8]) -> Option<Action> {
+        // MAIL and RCPT paths are read byte-exact by `path_command`, never
+        // by smtp-proto's parser, which unquotes local parts.
+        match path_command::verb(line) {
+            Some(Verb::Mail) => return self.mail(line),
+            Some(Verb::Rcpt) => return self.rcpt(line),
+            None => {}
+        }
         let request = match Request::parse(&mut line.iter()) {
             Ok(r) => r,
             Err(e) => return self.parse_error(e),
@@ -377,8 +385,8 @@ impl Session {
         match request {
             Request::Ehlo { host } => self.ehlo(host, true),
             Request::Helo { host } => self.ehlo(host, false),
-            Request::Mail { from } => self.mail(from),
-            Request::Rcpt { to } => self.rcpt(to),
+            Request::Mail { .. } => self.mail(line),
+            Request::Rcpt { .. } => self.rcpt(line),
             Request::Data => self.data(),
             Request::Bdat {
                 chunk_size,
@@ -515,7 +523,17 @@ impl Session {
         }
     }
 
-    fn mail(&mut self, from: MailFrom<Cow<'_, str>>) -> Option<Action> {
+    fn mail(&mut self, line: &[u8]) -> Option<Action> {
+        let from = match path_command::parse_mail(line) {
+            Ok(from) => from,
+            Err(CommandError::Syntax(e)) => return self.parse_error(e),
+            Err(CommandError::Path { error, text }) => {
+                tracing::info!(peer = %self.peer, path = ?text, reason = %error, "MAIL refused: bad sender address");
+                let text = format!("Bad sender address syntax: {error}");
+                self.write(Reply::new(501, "5.1.7", &text));
+                return self.count_bad_command();
+            }
+        };
         if self.helo.is_none() {
             return self.bad_sequence("Send EHLO first");
         }
@@ -531,38 +549,44 @@ impl Session {
             self.write(self.too_big_reply());
             return None;
         }
-        if !submitter.may_send_as(&from.address) {
+        if !submitter.may_send_as_path(&from.path) {
             tracing::info!(
                 peer = %self.peer,
                 account = submitter.name(),
-                sender = %from.address,
+                sender = ?from.path.as_smtp(),
                 "MAIL refused: sender not allowed for account"
             );
             let text = format!(
                 "Sender <{}> not allowed for account {}",
-                from.address,
+                from.path,
                 submitter.name()
             );
             self.write(Reply::new(553, "5.7.1", &text));
             return None;
         }
         self.envelope = Some(Envelope {
-            reverse_path: from.address.into_owned(),
+            reverse_path: from.path.as_smtp().to_owned(),
             recipients: Vec::new(),
         });
         self.ok("2.1.0", "Ok")
     }
 
-    fn rcpt(&mut self, to: RcptTo<Cow<'_, str>>) -> Option<Action> {
+    fn rcpt(&mut self, line: &[u8]) -> Option<Action> {
+        let to = match path_command::parse_rcpt(line) {
+            Ok(to) => to.path,
+            Err(CommandError::Syntax(e)) => return self.parse_error(e),
+            Err(CommandError::Path { error, text }) => {
+                tracing::info!(peer = %self.peer, path = ?text, reason = %error, "RCPT refused: bad recipient address");
+                let text = format!("Bad recipient address syntax: {error}");
+                self.write(Reply::new(501, "5.1.3", &text));
+                return self.count_bad_command();
+            }
+        };
         let max = self.config.max_recipients;
         let Some(envelope) = self.envelope.as_mut() else {
             return self.bad_sequence("Send MAIL first");
         };
-        if to.address.is_empty() {
-            self.write(Reply::new(501, "5.1.3", "Empty recipient address"));
-            return self.count_bad_command();
-        }
-        if envelope.recipients.iter().any(|r| *r == to.address) {
+        if envelope.recipients.iter().any(|r| r == to.as_smtp()) {
             return self.ok("2.1.5", "Ok (duplicate recipient)");
         }
         if envelope.recipients.len() >= max {
@@ -570,7 +594,7 @@ impl Session {
             self.write(Reply::new(452, "4.5.3", "Too many recipients"));
             return None;
         }
-        envelope.recipients.push(to.address.into_owned());
+        envelope.recipients.push(to.as_smtp().to_owned());
         self.ok("2.1.5", "Ok")
     }
 
