@@ -1,6 +1,7 @@
 //! The `Received:` trace header (RFC 5321 4.4) prepended to every accepted
 //! message, after the fingerprint was taken.
 
+use crate::address::ForwardPath;
 use crate::smtp::session::Submission;
 use crate::store::UnixMillis;
 
@@ -29,7 +30,11 @@ pub fn received_header(
         sub.submitter.name(),
         sub.submitter.workspace(),
     );
-    if let [single] = sub.recipients.as_slice() {
+    // The recipient exactly as accepted (quotes kept), and only if it is
+    // one the session would accept: never a line break in a header.
+    if let [single] = sub.recipients.as_slice()
+        && ForwardPath::parse(single).is_ok()
+    {
         h.push_str(&format!("\r\n\tfor <{single}>"));
     }
     h.push_str(&format!(";\r\n\t{}\r\n", rfc5322_date(now / 1000)));

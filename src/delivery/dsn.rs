@@ -3,7 +3,10 @@
 //! like any message, with the null reverse-path `<>` so that its own failure
 //! never produces another one.
 
+use std::borrow::Cow;
+
 use super::plan::{AttemptRow, Outcome};
+use crate::address::ForwardPath;
 use crate::idempotency::key::header_section_len;
 use crate::store::UnixMillis;
 use crate::trace::rfc5322_date;
@@ -36,6 +39,15 @@ fn status(row: &AttemptRow) -> String {
         (Outcome::Expired, Some(c)) if c.starts_with("4.") => c.to_owned(),
         (Outcome::Expired, _) => "4.4.7".to_owned(),
         _ => "5.0.0".to_owned(),
+    }
+}
+
+/// An address as stored, or escaped if it is not one we would relay (it
+/// came from the queue, not from a checked session).
+fn shown(address: &str) -> Cow<'_, str> {
+    match ForwardPath::parse(address) {
+        Ok(_) => Cow::Borrowed(address),
+        Err(_) => Cow::Owned(format!("{address:?}")),
     }
 }
 
@@ -92,7 +104,7 @@ pub fn build(b: &Bounce<'_>) -> Vec<u8> {
          recipient(s). It was not, and will not be, delivered to them.\r\n\
          \r\n",
         host = b.hostname,
-        to = b.sender,
+        to = shown(b.sender),
         id = b.dsn_id,
         queue_id = b.queue_id,
     );
@@ -102,7 +114,11 @@ pub fn build(b: &Bounce<'_>) -> Vec<u8> {
         } else {
             ""
         };
-        out.push_str(&format!("<{}>: {why}{}\r\n", f.recipient, clip(&f.reply)));
+        out.push_str(&format!(
+            "<{}>: {why}{}\r\n",
+            shown(&f.recipient),
+            clip(&f.reply)
+        ));
     }
     out.push_str(&format!(
         "\r\n--{boundary}\r\n\
@@ -118,7 +134,7 @@ pub fn build(b: &Bounce<'_>) -> Vec<u8> {
     for f in b.failures {
         out.push_str(&format!(
             "\r\nFinal-Recipient: rfc822; {}\r\nAction: failed\r\nStatus: {}\r\n",
-            f.recipient,
+            shown(&f.recipient),
             status(f)
         ));
         if let Some(hop) = f.next_hop.as_deref() {

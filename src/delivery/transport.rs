@@ -6,7 +6,8 @@ use super::file::FileTransport;
 use super::mx::{MxTransport, SystemResolver};
 use super::smarthost::SmarthostTransport;
 use super::smtp::ClientSettings;
-use super::{DeliveryError, RcptResult, content, domain_of};
+use super::{DeliveryError, RcptResult, Status, content, domain_of};
+use crate::address::{ForwardPath, ReversePath};
 use crate::config::{Config, Relay};
 
 /// A queued message, as loaded for delivery.
@@ -82,11 +83,100 @@ impl Transport {
         }
     }
 
+    /// Every transport writes the addresses as stored into MAIL FROM, RCPT
+    /// TO or header lines, so an address that could not be written back
+    /// safely fails here for good, whatever put it in the queue.
     pub async fn deliver(&self, msg: &Outgoing, recipients: &[String]) -> Vec<RcptResult> {
-        match self {
-            Transport::File(t) => t.deliver(msg, recipients).await,
-            Transport::Smarthost(t) => t.deliver(msg, recipients).await,
-            Transport::Mx(t) => t.deliver(msg, recipients).await,
+        if let Err(e) = ReversePath::parse(&msg.reverse_path) {
+            tracing::warn!(queue_id = %msg.id, sender = ?msg.reverse_path, reason = %e, "not relayed: unsafe sender address");
+            let why = format!(
+                "550 5.1.7 sender address {:?} cannot be relayed safely: {e}",
+                msg.reverse_path
+            );
+            return RcptResult::all(recipients, Status::Failed, &why, None);
         }
+        let mut refused = Vec::new();
+        let mut safe = Vec::with_capacity(recipients.len());
+        for rcpt in recipients {
+            match ForwardPath::parse(rcpt) {
+                Ok(_) => safe.push(rcpt.clone()),
+                Err(e) => {
+                    tracing::warn!(queue_id = %msg.id, recipient = ?rcpt, reason = %e, "not relayed: unsafe recipient address");
+                    let why = format!(
+                        "550 5.1.3 recipient address {rcpt:?} cannot be relayed safely: {e}"
+                    );
+                    refused.push(RcptResult::new(rcpt, Status::Failed, why));
+                }
+            }
+        }
+        if safe.is_empty() {
+            return refused;
+        }
+        let mut results = match self {
+            Transport::File(t) => t.deliver(msg, &safe).await,
+            Transport::Smarthost(t) => t.deliver(msg, &safe).await,
+            Transport::Mx(t) => t.deliver(msg, &safe).await,
+        };
+        results.extend(refused);
+        results
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delivery::file::FileTransport;
+
+    fn outgoing(from: &str, recipients: &[&str]) -> Outgoing {
+        Outgoing {
+            id: "Q1".into(),
+            reverse_path: from.into(),
+            recipients: recipients.iter().map(|r| r.to_string()).collect(),
+            idempotency_key: None,
+            trace: "Received: test\r\n".into(),
+            body: b"Subject: x\r\n\r\nbody\r\n".to_vec(),
+        }
+    }
+
+    /// Defence in depth: a queue row with an address that acceptance would
+    /// have refused never reaches the next hop.
+    #[tokio::test]
+    async fn unsafe_addresses_in_the_queue_fail_and_are_never_written() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let t = Transport::File(FileTransport::new(dir.path()).expect("file transport"));
+        let bad = [
+            "x@y.test> NOTIFY=NEVER",
+            "a@b.test\r\nRSET",
+            "\"open@b.test",
+        ];
+        let mut all = vec!["ok@b.test"];
+        all.extend(bad);
+        let msg = outgoing("s@a.test", &all);
+        let results = t.deliver(&msg, &msg.recipients).await;
+        assert_eq!(results.len(), 4);
+        for r in &results {
+            let good = r.recipient == "ok@b.test";
+            let want = if good {
+                Status::Delivered
+            } else {
+                Status::Failed
+            };
+            assert_eq!(r.status, want, "{r:?}");
+            assert!(
+                good || r.reply.contains("cannot be relayed safely"),
+                "{r:?}"
+            );
+            assert!(!r.reply.contains('\r') && !r.reply.contains('\n'));
+        }
+        let file = std::fs::read_to_string(dir.path().join("Q1.eml")).expect("written");
+        assert!(file.contains("X-Envelope-To: <ok@b.test>\r\n"), "{file}");
+        assert!(!file.contains("NOTIFY") && !file.contains("RSET"), "{file}");
+
+        let msg = outgoing("s@a.test>\r\nX-Injected: 1", &["ok@b.test"]);
+        std::fs::remove_file(dir.path().join("Q1.eml")).expect("remove");
+        let results = t.deliver(&msg, &msg.recipients).await;
+        assert_eq!(results[0].status, Status::Failed, "{results:?}");
+        assert!(results[0].reply.starts_with("550 5.1.7 sender address"));
+        assert!(!dir.path().join("Q1.eml").exists());
     }
 }

@@ -358,6 +358,12 @@ fn bounce_for(ctx: &Ctx, loaded: &Loaded, plan: &Plan, now: UnixMillis) -> Optio
     if failures.is_empty() || loaded.msg.reverse_path.is_empty() {
         return None;
     }
+    if let Err(e) = crate::address::ForwardPath::parse(&loaded.msg.reverse_path) {
+        // Delivery refused it too: no notification to an address that
+        // cannot be written into a header or RCPT TO.
+        tracing::warn!(queue_id = %loaded.msg.id, sender = ?loaded.msg.reverse_path, reason = %e, "no bounce: unsafe sender address");
+        return None;
+    }
     let dsn_id = queue_id::next();
     let mut original = loaded.msg.trace.clone().into_bytes();
     original.extend_from_slice(&loaded.msg.body);
