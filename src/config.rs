@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::auth::{Cidr, SenderPattern};
+use crate::auth::{AuthSettings, Cidr, SenderPattern, ThrottleSettings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -172,11 +172,72 @@ pub struct RawTls {
     pub key: PathBuf,
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// `[auth]`: plaintext AUTH, and the defences around password checks
+/// (README "Authentication").
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAuth {
     #[serde(default)]
     pub allow_plaintext: bool,
+    /// Threads running argon2 checks, each reusing its own memory.
+    #[serde(default = "default_hash_threads")]
+    pub hash_threads: usize,
+    /// Checks that may wait for a hashing thread; beyond, 454 4.7.0.
+    #[serde(default = "default_hash_queue")]
+    pub hash_queue: usize,
+    /// Wait before a 535 (Dovecot: 2 s), doubled per recent failure of the
+    /// client address up to `max_failure_delay`.
+    #[serde(default = "default_failure_delay")]
+    pub failure_delay: String,
+    #[serde(default = "default_max_failure_delay")]
+    pub max_failure_delay: String,
+    /// Failures from one address (IPv6: one /64) before it is banned.
+    #[serde(default = "default_max_failures_per_ip")]
+    pub max_failures_per_ip: u32,
+    /// Failures on one account name before it is locked for addresses that
+    /// have not logged in as it recently.
+    #[serde(default = "default_max_failures_per_account")]
+    pub max_failures_per_account: u32,
+    /// How long a ban lasts, and how long failures are remembered.
+    #[serde(default = "default_ban_time")]
+    pub ban_time: String,
+}
+
+impl Default for RawAuth {
+    fn default() -> Self {
+        Self {
+            allow_plaintext: false,
+            hash_threads: default_hash_threads(),
+            hash_queue: default_hash_queue(),
+            failure_delay: default_failure_delay(),
+            max_failure_delay: default_max_failure_delay(),
+            max_failures_per_ip: default_max_failures_per_ip(),
+            max_failures_per_account: default_max_failures_per_account(),
+            ban_time: default_ban_time(),
+        }
+    }
+}
+
+fn default_hash_threads() -> usize {
+    2
+}
+fn default_hash_queue() -> usize {
+    64
+}
+fn default_failure_delay() -> String {
+    "2s".into()
+}
+fn default_max_failure_delay() -> String {
+    "15s".into()
+}
+fn default_max_failures_per_ip() -> u32 {
+    10
+}
+fn default_max_failures_per_account() -> u32 {
+    30
+}
+fn default_ban_time() -> String {
+    "15m".into()
 }
 
 #[derive(Debug, Deserialize)]
@@ -371,6 +432,7 @@ pub struct Config {
     pub listeners: Vec<Listener>,
     pub tls: Option<TlsFiles>,
     pub allow_plaintext_auth: bool,
+    pub auth: AuthSettings,
     pub users: Vec<User>,
     pub trusted_networks: Vec<TrustedNetwork>,
     pub retention: Duration,
@@ -708,6 +770,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
     };
     let delivery = validate_delivery(r, base, p);
     let limits = validate_limits(&raw.limits, p);
+    let auth = validate_auth(&raw.auth, p);
 
     Config {
         path: path.to_path_buf(),
@@ -723,6 +786,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         listeners,
         tls,
         allow_plaintext_auth: raw.auth.allow_plaintext,
+        auth,
         users,
         trusted_networks,
         retention,
@@ -730,6 +794,43 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         relay,
         delivery,
         limits,
+    }
+}
+
+fn validate_auth(a: &RawAuth, p: &mut Problems) -> AuthSettings {
+    let failure_delay = p.duration("auth.failure_delay", &a.failure_delay);
+    let max_failure_delay = p.duration("auth.max_failure_delay", &a.max_failure_delay);
+    let ban_time = p.duration("auth.ban_time", &a.ban_time);
+    if max_failure_delay < failure_delay {
+        p.add(
+            "auth.max_failure_delay",
+            "must be at least auth.failure_delay",
+        );
+    }
+    if ban_time.is_zero() {
+        p.add("auth.ban_time", "must be greater than 0");
+    }
+    if !(1..=64).contains(&a.hash_threads) {
+        p.add("auth.hash_threads", "must be between 1 and 64");
+    }
+    for (key, n) in [
+        ("auth.max_failures_per_ip", a.max_failures_per_ip),
+        ("auth.max_failures_per_account", a.max_failures_per_account),
+    ] {
+        if n == 0 {
+            p.add(key, "must be greater than 0");
+        }
+    }
+    AuthSettings {
+        hash_threads: a.hash_threads,
+        hash_queue: a.hash_queue,
+        throttle: ThrottleSettings {
+            failure_delay,
+            max_failure_delay,
+            max_failures_per_ip: a.max_failures_per_ip,
+            max_failures_per_account: a.max_failures_per_account,
+            ban_time,
+        },
     }
 }
 

@@ -107,11 +107,15 @@ async fn drive<S: AsyncRead + AsyncWrite + Unpin>(
                 return Ok(Exit::StartTls);
             }
             Action::Authenticate { username, password } => {
-                let account = shared.auth.verify(&username, &password).await;
-                if account.is_none() {
-                    tracing::info!(user = %username, "authentication failed");
+                // Logs its own outcome, with the peer and escaped strings.
+                let peer = session.peer().ip();
+                let verdict = shared.auth.authenticate(peer, &username, &password).await;
+                // The failure delay: only this connection waits, holding
+                // no hashing thread.
+                if !verdict.reply_delay.is_zero() {
+                    tokio::time::sleep(verdict.reply_delay).await;
                 }
-                session.auth_result(account);
+                session.auth_result(verdict.outcome);
             }
             Action::Submit(submission) => {
                 // Runs to completion even if shutdown starts meanwhile: the

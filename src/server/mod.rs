@@ -43,7 +43,7 @@ impl Server {
         };
         let shared = Arc::new(Shared {
             acceptor: Acceptor::new(store.clone(), config.retention, config.hostname.clone()),
-            auth: Authenticator::from_config(config),
+            auth: Authenticator::from_config(config).map_err(|e| e.to_string())?,
             tls: tls.clone(),
             command_timeout: config.command_timeout,
             data_timeout: config.data_timeout,
@@ -121,6 +121,11 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
+        if shared.auth.is_banned(peer.ip()) {
+            tracing::info!(%peer, "connection refused: address banned after authentication failures");
+            connections.spawn(refuse_banned(stream, implicit_tls));
+            continue;
+        }
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             tracing::warn!(%peer, "connection refused: too many connections");
             connections.spawn(refuse(stream));
@@ -158,6 +163,18 @@ async fn refuse(mut stream: tokio::net::TcpStream) {
     let _ = stream
         .write_all(b"421 4.7.0 Too many connections, try again later\r\n")
         .await;
+    let _ = stream.shutdown().await;
+}
+
+/// No plaintext reply on an implicit-TLS port: the client expects a
+/// handshake there, so it just gets the connection closed.
+async fn refuse_banned(mut stream: tokio::net::TcpStream, implicit_tls: bool) {
+    use tokio::io::AsyncWriteExt;
+    if !implicit_tls {
+        let _ = stream
+            .write_all(b"421 4.7.0 Too many failed logins from your address, try again later\r\n")
+            .await;
+    }
     let _ = stream.shutdown().await;
 }
 

@@ -13,7 +13,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use smtp_proto::request::receiver::{BdatReceiver, DataReceiver, DummyDataReceiver};
 use smtp_proto::{AUTH_LOGIN, AUTH_PLAIN, Error as ParseError, Request};
 
-use crate::auth::{Account, Submitter};
+use crate::auth::{Account, AuthOutcome, Submitter};
 use crate::smtp::path_command::{self, CommandError, Verb};
 use crate::smtp::reply::Reply;
 
@@ -204,20 +204,43 @@ impl Session {
         self.state = State::Command;
     }
 
-    pub fn auth_result(&mut self, account: Option<Arc<Account>>) {
+    /// The client's address, for the driver's AUTH throttling.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    pub fn auth_result(&mut self, outcome: AuthOutcome) {
         self.state = State::Command;
-        match account {
-            Some(account) => {
+        match outcome {
+            AuthOutcome::Success(account) => {
                 self.account = Some(account);
                 self.write(Reply::new(235, "2.7.0", "Authentication successful"));
             }
-            None => {
+            AuthOutcome::Invalid => {
                 self.write(Reply::new(
                     535,
                     "5.7.8",
                     "Authentication credentials invalid",
                 ));
                 self.count_bad_command();
+            }
+            AuthOutcome::TemporaryFailure => self.write(Reply::new(
+                454,
+                "4.7.0",
+                "Temporary authentication failure, try again later",
+            )),
+            AuthOutcome::AccountLocked => self.write(Reply::new(
+                454,
+                "4.7.0",
+                "Too many failed logins for this account, try again later",
+            )),
+            AuthOutcome::IpBanned => {
+                self.write(Reply::new(
+                    421,
+                    "4.7.0",
+                    "Too many failed logins from your address, closing connection",
+                ));
+                self.state = State::Closed;
             }
         }
     }

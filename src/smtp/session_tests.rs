@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::session::{Action, Session, SessionConfig, find_bare_cr_or_lf};
-use crate::auth::Account;
+use crate::auth::{Account, AuthOutcome};
 
 fn config() -> Arc<SessionConfig> {
     Arc::new(SessionConfig {
@@ -142,7 +142,7 @@ fn auth_needs_tls_then_works_after_starttls() {
         panic!("expected Authenticate");
     };
     assert_eq!((username.as_str(), password.as_str()), ("alice", "pw"));
-    s.auth_result(Some(account()));
+    s.auth_result(AuthOutcome::Success(account()));
     let (out, _) = feed(
         &mut s,
         b"MAIL FROM:<alice@example.test>\r\nRSET\r\nMAIL FROM:<x@evil.test>\r\n",
@@ -166,7 +166,7 @@ fn auth_login_exchange_and_cancel() {
     assert!(
         matches!(action, Action::Authenticate { ref username, ref password } if username == "bob" && password == "pw")
     );
-    s.auth_result(None);
+    s.auth_result(AuthOutcome::Invalid);
     assert_eq!(codes(&String::from_utf8_lossy(&s.take_output())), ["535"]);
 }
 
@@ -312,7 +312,7 @@ mod properties {
                         s.submission_done(b"250 2.0.0 Ok: queued as X\r\n");
                     }
                     Action::StartTls => s.tls_started(),
-                    Action::Authenticate { .. } => s.auth_result(None),
+                    Action::Authenticate { .. } => s.auth_result(AuthOutcome::Invalid),
                 }
             }
             out.extend(s.take_output());

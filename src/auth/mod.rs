@@ -1,0 +1,303 @@
+//! Who may submit: accounts with argon2id passwords, trusted networks, and
+//! the sender addresses each account may use; and the defences around
+//! password checks (bounded hashing, throttling, bans).
+
+mod accounts;
+mod cache;
+mod networks;
+mod senders;
+mod throttle;
+mod verifier;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use argon2::{Argon2, PasswordHasher};
+
+use crate::config::Config;
+
+pub use accounts::{Account, Submitter};
+pub use networks::Cidr;
+pub use senders::SenderPattern;
+pub use throttle::ThrottleSettings;
+pub use verifier::HashError;
+
+use cache::SuccessCache;
+use throttle::{Admission, Throttle};
+use verifier::{HashPool, StoredHash};
+
+/// What an AUTH attempt came to; the session turns it into a reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthOutcome {
+    Success(Arc<Account>),
+    /// Wrong user name or password.
+    Invalid,
+    /// The check could not be made now (hashing queue full).
+    TemporaryFailure,
+    /// Too many failures for this account from addresses it has not
+    /// logged in from recently.
+    AccountLocked,
+    /// Too many failures from this client address: close the connection.
+    IpBanned,
+}
+
+/// The outcome, and how long the driver waits before replying (the
+/// failure delay; it holds no hashing thread while it waits).
+#[derive(Debug)]
+pub struct Verdict {
+    pub outcome: AuthOutcome,
+    pub reply_delay: Duration,
+}
+
+impl Verdict {
+    fn now(outcome: AuthOutcome) -> Self {
+        Self {
+            outcome,
+            reply_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// `[auth]` settings beyond `allow_plaintext`.
+#[derive(Debug, Clone)]
+pub struct AuthSettings {
+    /// Threads that run argon2 checks, each with its own reused memory.
+    pub hash_threads: usize,
+    /// Checks that may wait for a thread; more get a 454.
+    pub hash_queue: usize,
+    pub throttle: ThrottleSettings,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("user {user:?}: password_hash: {source}")]
+    Hash { user: String, source: HashError },
+    #[error("cannot start the password hashing threads: {0}")]
+    Threads(std::io::Error),
+}
+
+/// Checks that a `password_hash` is an argon2 PHC string we can verify.
+pub fn check_password_hash(hash: &str) -> Result<(), String> {
+    StoredHash::parse(hash)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Produces the PHC string for `[[user]].password_hash`.
+pub fn hash_password(password: &str) -> Result<String, String> {
+    Argon2::default()
+        .hash_password(password.as_bytes())
+        .map(|h| h.to_string())
+        .map_err(|e| e.to_string())
+}
+
+struct Credential {
+    account: Arc<Account>,
+    hash: Arc<StoredHash>,
+}
+
+/// Verified against for unknown user names, so the timing does not reveal
+/// which names exist.
+const DUMMY_HASH: &str = "$argon2id$v=19$m=19456,t=2,p=1$c210cC1vbmNlLWR1bW15$0t3pQH7kC2RVH1xvH3lqJm3nqAqRxdKjD0z6SgY0V3A";
+
+/// The account directory and everything that guards password checks.
+pub struct Authenticator {
+    accounts: HashMap<String, Credential>,
+    dummy: Arc<StoredHash>,
+    trusted: Vec<(Cidr, String)>,
+    pool: HashPool,
+    cache: SuccessCache,
+    throttle: Throttle,
+}
+
+impl Authenticator {
+    pub fn from_config(config: &Config) -> Result<Self, AuthError> {
+        let mut accounts = HashMap::new();
+        for u in &config.users {
+            let hash = StoredHash::parse(&u.password_hash).map_err(|source| AuthError::Hash {
+                user: u.name.clone(),
+                source,
+            })?;
+            let account = Arc::new(Account {
+                name: u.name.clone(),
+                workspace: u.workspace.clone(),
+                allowed_senders: u.allowed_senders.clone(),
+            });
+            accounts.insert(
+                u.name.clone(),
+                Credential {
+                    account,
+                    hash: Arc::new(hash),
+                },
+            );
+        }
+        let dummy = StoredHash::parse(DUMMY_HASH).map_err(|source| AuthError::Hash {
+            user: "(built-in dummy)".into(),
+            source,
+        })?;
+        let trusted = config
+            .trusted_networks
+            .iter()
+            .map(|t| (t.cidr, t.workspace.clone()))
+            .collect();
+        let settings = &config.auth;
+        Ok(Self {
+            accounts,
+            dummy: Arc::new(dummy),
+            trusted,
+            pool: HashPool::start(settings.hash_threads, settings.hash_queue)
+                .map_err(AuthError::Threads)?,
+            cache: SuccessCache::new(),
+            throttle: Throttle::new(settings.throttle.clone()),
+        })
+    }
+
+    /// The workspace of the first trusted network containing `ip`.
+    pub fn trusted_workspace(&self, ip: IpAddr) -> Option<String> {
+        self.trusted
+            .iter()
+            .find(|(cidr, _)| cidr.contains(ip))
+            .map(|(_, ws)| ws.clone())
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|(cidr, _)| cidr.contains(ip))
+    }
+
+    /// `ip` is banned after too many failures; refuse it at connect time.
+    pub fn is_banned(&self, ip: IpAddr) -> bool {
+        !self.is_trusted(ip) && self.throttle.is_banned(ip, Instant::now())
+    }
+
+    /// Checks a login from `peer`: bans, then the cache of recent
+    /// successes, then an argon2 check on a hashing thread. Logs every
+    /// refusal with the peer address (client strings escaped).
+    pub async fn authenticate(&self, peer: IpAddr, username: &str, password: &str) -> Verdict {
+        let throttled = !self.is_trusted(peer);
+        if throttled {
+            match self.throttle.admit(peer, username, Instant::now()) {
+                Admission::Allowed => {}
+                Admission::IpBanned => {
+                    tracing::warn!(%peer, user = ?username, "authentication refused: address banned after too many failures");
+                    return Verdict::now(AuthOutcome::IpBanned);
+                }
+                Admission::AccountLocked => {
+                    tracing::warn!(%peer, user = ?username, "authentication refused: account locked after too many failures");
+                    return Verdict::now(AuthOutcome::AccountLocked);
+                }
+            }
+        }
+        let matched = match self.check(username, password).await {
+            Ok(matched) => matched,
+            Err(verifier::Busy) => {
+                if throttled {
+                    self.throttle.not_checked(peer, username);
+                }
+                tracing::warn!(%peer, user = ?username, "authentication deferred: password hashing queue full");
+                return Verdict::now(AuthOutcome::TemporaryFailure);
+            }
+        };
+        match matched {
+            Some(account) => {
+                if throttled {
+                    self.throttle.succeeded(peer, username, Instant::now());
+                }
+                tracing::info!(%peer, user = ?username, "authenticated");
+                Verdict::now(AuthOutcome::Success(account))
+            }
+            None => {
+                let reply_delay = if throttled {
+                    self.throttle.failed(peer, username, Instant::now())
+                } else {
+                    Duration::ZERO
+                };
+                tracing::info!(%peer, user = ?username, "authentication failed");
+                Verdict {
+                    outcome: AuthOutcome::Invalid,
+                    reply_delay,
+                }
+            }
+        }
+    }
+
+    /// The account if the password is right.
+    async fn check(
+        &self,
+        username: &str,
+        password: &str,
+    ) -> Result<Option<Arc<Account>>, verifier::Busy> {
+        let credential = self.accounts.get(username);
+        if let Some(account) = self.cache.get(username, password, Instant::now()) {
+            return Ok(Some(account));
+        }
+        let hash = credential.map_or(&self.dummy, |c| &c.hash).clone();
+        let ok = self.pool.verify(hash, password).await?;
+        match credential {
+            Some(c) if ok => {
+                self.cache
+                    .insert(username, password, c.account.clone(), Instant::now());
+                Ok(Some(c.account.clone()))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_round_trip() {
+        let hash = hash_password("s3cret").unwrap();
+        assert!(check_password_hash(&hash).is_ok());
+        assert!(check_password_hash("plain").is_err());
+        assert!(check_password_hash(DUMMY_HASH).is_ok());
+    }
+
+    fn config(auth: &str) -> Result<Config, crate::config::ConfigError> {
+        let text = format!(
+            "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n\
+             [[listener]]\naddr = \"127.0.0.1:0\"\ntls = \"none\"\n\
+             [auth]\n{auth}\n\
+             [[trusted_network]]\ncidr = \"127.0.0.0/8\"\nworkspace = \"w\"\n\
+             [relay]\nmode = \"mx\"\n"
+        );
+        Config::from_toml(std::path::Path::new("/tmp/x.toml"), &text)
+    }
+
+    #[test]
+    fn auth_section_defaults() {
+        let a = config("").unwrap().auth;
+        assert_eq!((a.hash_threads, a.hash_queue), (2, 64));
+        let t = a.throttle;
+        assert_eq!(t.failure_delay, Duration::from_secs(2));
+        assert_eq!(t.max_failure_delay, Duration::from_secs(15));
+        assert_eq!(
+            (t.max_failures_per_ip, t.max_failures_per_account),
+            (10, 30)
+        );
+        assert_eq!(t.ban_time, Duration::from_secs(15 * 60));
+    }
+
+    #[test]
+    fn auth_section_problems_are_reported_by_key() {
+        let err = config(
+            "hash_threads = 0\nfailure_delay = \"10s\"\nmax_failure_delay = \"1s\"\n\
+             max_failures_per_ip = 0\nban_time = \"0s\"\n",
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        for key in [
+            "auth.hash_threads",
+            "auth.max_failure_delay",
+            "auth.max_failures_per_ip",
+            "auth.ban_time",
+        ] {
+            assert!(err.contains(key), "{key} missing from {err}");
+        }
+    }
+}
