@@ -1,17 +1,23 @@
 //! Drives one [`Session`] over a socket: reads into the session, flushes
 //! replies when the input is drained (PIPELINING batches them), and carries
-//! out the session's actions (TLS upgrade, AUTH check, acceptance).
+//! out the session's actions (TLS upgrade, AUTH check, acceptance). Every
+//! handshake, read and write is bounded in time (`[limits]`).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
+use crate::smtp::reply::Reply;
 use crate::smtp::session::{Action, Session};
 
 use super::Shared;
+use super::deadline::{Budget, Expiry, Progress};
+use super::timed::{self, ConnectionError};
 
 /// Bytes requested from the socket per read.
 const READ_CHUNK: usize = 16 * 1024;
@@ -30,34 +36,45 @@ pub async fn handle(
 ) {
     let peer = stream.peer_addr().ok();
     let tls = shared.tls.as_ref().map(|c| TlsAcceptor::from(c.clone()));
-    let result: std::io::Result<()> = async {
+    let handshake_timeout = shared.tls_handshake_timeout;
+    let write_timeout = shared.write_timeout;
+    let result: Result<(), ConnectionError> = async {
         if implicit_tls {
             let acceptor =
                 tls.ok_or_else(|| std::io::Error::other("implicit TLS without certificate"))?;
-            let mut stream = acceptor.accept(stream).await?;
+            let mut stream = timed::handshake(acceptor, stream, handshake_timeout).await?;
             session.greet();
-            drive(&mut stream, &mut session, &shared, shutdown).await?;
-            stream.shutdown().await.ok();
+            drive(&mut stream, &mut session, &shared, shutdown, peer).await?;
+            timed::shutdown(&mut stream, write_timeout).await;
             return Ok(());
         }
         let mut stream = stream;
         session.greet();
-        match drive(&mut stream, &mut session, &shared, shutdown.clone()).await? {
+        match drive(&mut stream, &mut session, &shared, shutdown.clone(), peer).await? {
             Exit::Closed => Ok(()),
             Exit::StartTls => {
                 let acceptor =
                     tls.ok_or_else(|| std::io::Error::other("STARTTLS without certificate"))?;
-                let mut stream = acceptor.accept(stream).await?;
+                let mut stream = timed::handshake(acceptor, stream, handshake_timeout).await?;
                 session.tls_started();
-                drive(&mut stream, &mut session, &shared, shutdown).await?;
-                stream.shutdown().await.ok();
+                drive(&mut stream, &mut session, &shared, shutdown, peer).await?;
+                timed::shutdown(&mut stream, write_timeout).await;
                 Ok(())
             }
         }
     }
     .await;
-    if let Err(e) = result {
-        tracing::info!(?peer, error = %e, "connection ended with an error");
+    match result {
+        Ok(()) => {}
+        Err(e @ ConnectionError::HandshakeTimeout(_)) => {
+            tracing::info!(?peer, error = %e, "TLS handshake timed out; connection closed");
+        }
+        Err(e @ ConnectionError::WriteTimeout(_)) => {
+            tracing::info!(?peer, error = %e, "write timed out; connection closed");
+        }
+        Err(e @ ConnectionError::Io(_)) => {
+            tracing::info!(?peer, error = %e, "connection ended with an error");
+        }
     }
 }
 
@@ -66,44 +83,47 @@ async fn drive<S: AsyncRead + AsyncWrite + Unpin>(
     session: &mut Session,
     shared: &Shared,
     mut shutdown: watch::Receiver<bool>,
-) -> std::io::Result<Exit> {
+    peer: Option<SocketAddr>,
+) -> Result<Exit, ConnectionError> {
+    let mut budget = Budget::new(shared.time_limits, Instant::now());
     loop {
         match session.advance() {
             Action::NeedInput => {
-                flush(stream, session).await?;
-                let in_data = session.in_data();
-                let timeout = if in_data {
-                    shared.data_timeout
-                } else {
-                    shared.command_timeout
+                let replied = session.has_output();
+                flush(stream, session, shared).await?;
+                let progress = Progress {
+                    replied,
+                    in_data: session.in_data(),
+                    in_message: session.in_message(),
                 };
+                let now = Instant::now();
+                budget.update(now, progress);
+                let (deadline, expiry) = budget.next_deadline(now, progress);
                 let buf = session.input();
                 if buf.capacity() - buf.len() < READ_CHUNK / 4 {
                     buf.reserve(READ_CHUNK);
                 }
                 let read = tokio::select! {
-                    read = tokio::time::timeout(timeout, stream.read_buf(buf)) => Some(read),
-                    _ = shutdown.wait_for(|stop| *stop), if !in_data => None,
+                    read = tokio::time::timeout_at(deadline, stream.read_buf(buf)) => Some(read),
+                    _ = shutdown.wait_for(|stop| *stop), if !progress.in_data => None,
                 };
                 let Some(read) = read else {
                     session.shutting_down();
-                    flush(stream, session).await?;
+                    flush(stream, session, shared).await?;
                     return Ok(Exit::Closed);
                 };
                 match read {
                     Ok(Ok(0)) => return Ok(Exit::Closed),
                     Ok(Ok(_)) => {}
-                    Ok(Err(e)) => return Err(e),
+                    Ok(Err(e)) => return Err(e.into()),
                     Err(_) => {
-                        tracing::info!("idle timeout");
-                        session.timed_out();
-                        flush(stream, session).await?;
+                        expired(stream, session, shared, expiry, peer).await?;
                         return Ok(Exit::Closed);
                     }
                 }
             }
             Action::StartTls => {
-                flush(stream, session).await?;
+                flush(stream, session, shared).await?;
                 return Ok(Exit::StartTls);
             }
             Action::Authenticate { username, password } => {
@@ -120,21 +140,74 @@ async fn drive<S: AsyncRead + AsyncWrite + Unpin>(
                 session.submission_done(&reply);
             }
             Action::Close => {
-                flush(stream, session).await?;
+                flush(stream, session, shared).await?;
                 return Ok(Exit::Closed);
             }
         }
     }
 }
 
+/// A read deadline passed: say which limit with a `421` and log it.
+async fn expired<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    session: &mut Session,
+    shared: &Shared,
+    expiry: Expiry,
+    peer: Option<SocketAddr>,
+) -> Result<(), ConnectionError> {
+    let limits = &shared.time_limits;
+    // The command budget runs from the previous reply; with nothing of the
+    // next command received, the client is just idle.
+    let expiry = match expiry {
+        Expiry::CommandTimeLimit if !session.has_partial_command() => Expiry::Idle,
+        other => other,
+    };
+    let reply = match expiry {
+        Expiry::Idle => {
+            tracing::info!(?peer, "idle timeout");
+            session.timed_out();
+            return flush(stream, session, shared).await;
+        }
+        Expiry::CommandTimeLimit => {
+            tracing::info!(
+                ?peer,
+                limit = ?limits.command_time_limit,
+                "command time limit exceeded; closing connection"
+            );
+            Reply::new(
+                421,
+                "4.4.2",
+                "Command time limit exceeded, closing connection",
+            )
+        }
+        Expiry::MessageTimeLimit => {
+            tracing::info!(
+                ?peer,
+                limit = ?limits.message_time_limit,
+                "message time limit exceeded; closing connection"
+            );
+            Reply::new(
+                421,
+                "4.4.2",
+                "Message time limit exceeded, closing connection",
+            )
+        }
+    };
+    let mut out = Vec::new();
+    reply.write_to(&mut out);
+    timed::write_all(stream, &out, shared.write_timeout).await
+}
+
+/// Writes the session's pending replies, within `write_timeout`: a client
+/// that never reads them must not hold the connection for ever.
 async fn flush<S: AsyncWrite + Unpin>(
     stream: &mut S,
     session: &mut Session,
-) -> std::io::Result<()> {
+    shared: &Shared,
+) -> Result<(), ConnectionError> {
     if session.has_output() {
         let out = session.take_output();
-        stream.write_all(&out).await?;
-        stream.flush().await?;
+        timed::write_all(stream, &out, shared.write_timeout).await?;
     }
     Ok(())
 }

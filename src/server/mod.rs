@@ -2,6 +2,10 @@
 //! background purge of expired ledger entries.
 
 pub mod connection;
+mod deadline;
+mod per_ip;
+mod refuse;
+mod timed;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,13 +21,22 @@ use crate::config::{Config, TlsMode};
 use crate::smtp::session::{Session, SessionConfig};
 use crate::store::{Store, now_millis};
 
+use deadline::TimeLimits;
+use per_ip::PerIpLimit;
+use refuse::{Refusal, Refuser};
+
 /// What every connection task shares.
 pub struct Shared {
     pub acceptor: Acceptor,
     pub auth: Authenticator,
     pub tls: Option<Arc<rustls::ServerConfig>>,
-    pub command_timeout: Duration,
-    pub data_timeout: Duration,
+    pub time_limits: TimeLimits,
+    pub tls_handshake_timeout: Duration,
+    pub write_timeout: Duration,
+    /// Connections per client address (trusted networks are exempt).
+    pub per_ip: PerIpLimit,
+    /// Refusals under way, across listeners.
+    pub refusals: Arc<Semaphore>,
 }
 
 /// A running daemon: its bound addresses and a handle to stop it.
@@ -45,8 +58,16 @@ impl Server {
             acceptor: Acceptor::new(store.clone(), config.retention, config.hostname.clone()),
             auth: Authenticator::from_config(config),
             tls: tls.clone(),
-            command_timeout: config.command_timeout,
-            data_timeout: config.data_timeout,
+            time_limits: TimeLimits {
+                command_timeout: config.command_timeout,
+                data_timeout: config.data_timeout,
+                command_time_limit: config.limits.command_time_limit,
+                message_time_limit: config.limits.message_time_limit,
+            },
+            tls_handshake_timeout: config.limits.tls_handshake_timeout,
+            write_timeout: config.limits.write_timeout,
+            per_ip: PerIpLimit::new(config.limits.max_connections_per_ip),
+            refusals: Arc::new(Semaphore::new(refuse::MAX_REFUSALS_IN_PROGRESS)),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let permits = Arc::new(Semaphore::new(config.max_connections));
@@ -103,6 +124,17 @@ async fn accept_loop(
     mut shutdown: watch::Receiver<bool>,
     grace: Duration,
 ) {
+    let refuser = Refuser {
+        tls: if implicit_tls {
+            shared.tls.clone().map(tokio_rustls::TlsAcceptor::from)
+        } else {
+            None
+        },
+        handshake_timeout: shared.tls_handshake_timeout,
+        write_timeout: shared.write_timeout,
+        in_progress: shared.refusals.clone(),
+    };
+    let mut accept_errors = AcceptErrors::default();
     let mut connections = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -114,24 +146,41 @@ async fn accept_loop(
         let (stream, peer) = match accepted {
             Ok(pair) => pair,
             Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                accept_errors.failed(&e);
+                // EMFILE and friends: back off instead of spinning, but keep
+                // reaping so that finished connections free descriptors.
+                let pause = tokio::time::sleep(Duration::from_millis(50));
+                tokio::pin!(pause);
+                loop {
+                    tokio::select! {
+                        _ = &mut pause => break,
+                        Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                    }
+                }
                 continue;
             }
         };
+        accept_errors.recovered();
         let _ = stream.set_nodelay(true);
+        let trusted_workspace = shared.auth.trusted_workspace(peer.ip());
+        // Trusted networks are our own senders (Postfix exempts $mynetworks
+        // by default too); everyone else counts per address.
+        let per_ip = if trusted_workspace.is_some() {
+            None
+        } else {
+            match shared.per_ip.try_acquire(peer.ip()) {
+                Some(slot) => Some(slot),
+                None => {
+                    refuse(&refuser, &mut connections, stream, peer, Refusal::PerIp);
+                    continue;
+                }
+            }
+        };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "connection refused: too many connections");
-            connections.spawn(refuse(stream));
+            refuse(&refuser, &mut connections, stream, peer, Refusal::Busy);
             continue;
         };
-        let session = Session::new(
-            config.clone(),
-            peer,
-            shared.auth.trusted_workspace(peer.ip()),
-            implicit_tls,
-        );
+        let session = Session::new(config.clone(), peer, trusted_workspace, implicit_tls);
         let handle = connection::handle(
             stream,
             session,
@@ -141,8 +190,9 @@ async fn accept_loop(
         );
         connections.spawn(async move {
             handle.await;
-            // The cap counts a connection until its task ends.
+            // The caps count a connection until its task ends.
             drop(permit);
+            drop(per_ip);
         });
     }
     drop(socket);
@@ -153,12 +203,55 @@ async fn accept_loop(
     }
 }
 
-async fn refuse(mut stream: tokio::net::TcpStream) {
-    use tokio::io::AsyncWriteExt;
-    let _ = stream
-        .write_all(b"421 4.7.0 Too many connections, try again later\r\n")
-        .await;
-    let _ = stream.shutdown().await;
+fn refuse(
+    refuser: &Refuser,
+    connections: &mut JoinSet<()>,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    refusal: Refusal,
+) {
+    refusal.log(peer);
+    if let Some(task) = refuser.refuse(stream, refusal) {
+        connections.spawn(task);
+    }
+}
+
+/// Accept failures (EMFILE, ENFILE, ENOBUFS) repeat every pause while they
+/// last: log the first, then a summary at most every 10 s, so that running
+/// out of descriptors doesn't also fill the disk with log lines.
+#[derive(Default)]
+struct AcceptErrors {
+    since_logged: u64,
+    last_logged: Option<tokio::time::Instant>,
+}
+
+impl AcceptErrors {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn failed(&mut self, error: &std::io::Error) {
+        let now = tokio::time::Instant::now();
+        if self
+            .last_logged
+            .is_some_and(|at| now.duration_since(at) < Self::EVERY)
+        {
+            self.since_logged += 1;
+            return;
+        }
+        tracing::warn!(
+            %error,
+            repeated = self.since_logged,
+            "accept failed; pausing accepts"
+        );
+        self.since_logged = 0;
+        self.last_logged = Some(now);
+    }
+
+    fn recovered(&mut self) {
+        if self.last_logged.take().is_some() {
+            tracing::info!(repeated = self.since_logged, "accepting connections again");
+            self.since_logged = 0;
+        }
+    }
 }
 
 async fn purge_loop(
