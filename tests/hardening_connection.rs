@@ -456,3 +456,69 @@ async fn accept_out_of_file_descriptors_does_not_flood_the_log() {
         .expect("served after recovery");
     c.quit().await;
 }
+
+#[tokio::test]
+async fn half_closed_client_still_gets_every_reply_then_the_close() {
+    // A client that pipelines and then shuts down its sending side must get
+    // all its replies, and the server must then end the session promptly
+    // (not wait for an idle timeout on a socket that can't send).
+    let d = Daemon::start(limits(""));
+    let mut s = TcpStream::connect(d.plain).await.expect("connect");
+    s.write_all(b"EHLO c.test\r\nNOOP\r\nNOOP\r\n")
+        .await
+        .expect("write");
+    s.shutdown().await.expect("half-close");
+    let start = Instant::now();
+    let (bytes, closed) = read_until_closed(&mut s, Duration::from_secs(10)).await;
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(closed, "still open after half-close: {text:?}");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert!(text.starts_with("220 "), "{text:?}");
+    assert_eq!(text.matches("250 2.0.0 Ok\r\n").count(), 2, "{text:?}");
+}
+
+#[tokio::test]
+async fn silent_clients_from_many_addresses_lose_their_slots_when_the_cap_is_reached() {
+    // The per-address limit does not stop many addresses (an IPv6 /56 has
+    // 256 /64s) from holding every slot with greeted, silent connections
+    // for the whole command timeout (5 min). At the cap, idle reads are
+    // cut to 10 s.
+    let d = Daemon::start(Options {
+        max_connections: 3,
+        ..limits("max_connections_per_ip = 1\n")
+    });
+    let mut silent = Vec::new();
+    for source in ["127.0.0.11", "127.0.0.12", "127.0.0.13"] {
+        let mut s = connect_from(source, d.plain).await;
+        let mut buf = [0u8; 256];
+        let n = s.read(&mut buf).await.expect("greeting");
+        assert!(buf[..n].starts_with(b"220 "));
+        silent.push(s);
+    }
+    let start = Instant::now();
+    let served = async {
+        loop {
+            let mut s = connect_from("127.0.0.20", d.plain).await;
+            let mut buf = [0u8; 256];
+            if let Ok(n) = s.read(&mut buf).await
+                && buf[..n].starts_with(b"220 ")
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(40), served)
+        .await
+        .expect("a new client is served once idle connections are cut");
+    println!(
+        "new client served {:?} after the cap was reached",
+        start.elapsed()
+    );
+    assert!(wait_for_log(&d, "idle timeout while the connection cap is reached").await);
+    for s in &mut silent {
+        let (bytes, closed) = read_until_closed(s, Duration::from_secs(5)).await;
+        assert!(closed);
+        assert!(String::from_utf8_lossy(&bytes).starts_with("421 4.4.2 "));
+    }
+}

@@ -17,6 +17,7 @@ use crate::smtp::session::{Action, Session};
 
 use super::Shared;
 use super::deadline::{Budget, Expiry, Progress};
+use super::load::IDLE_TIMEOUT_AT_CAP;
 use super::timed::{self, ConnectionError};
 
 /// Bytes requested from the socket per read.
@@ -99,24 +100,22 @@ async fn drive<S: AsyncRead + AsyncWrite + Unpin>(
                 let now = Instant::now();
                 budget.update(now, progress);
                 let (deadline, expiry) = budget.next_deadline(now, progress);
-                let buf = session.input();
-                if buf.capacity() - buf.len() < READ_CHUNK / 4 {
-                    buf.reserve(READ_CHUNK);
-                }
-                let read = tokio::select! {
-                    read = tokio::time::timeout_at(deadline, stream.read_buf(buf)) => Some(read),
-                    _ = shutdown.wait_for(|stop| *stop), if !progress.in_data => None,
+                let wait = Wait {
+                    deadline,
+                    expiry,
+                    started: now,
+                    in_data: progress.in_data,
                 };
-                let Some(read) = read else {
-                    session.shutting_down();
-                    flush(stream, session, shared).await?;
-                    return Ok(Exit::Closed);
-                };
-                match read {
-                    Ok(Ok(0)) => return Ok(Exit::Closed),
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => return Err(e.into()),
-                    Err(_) => {
+                match read_more(stream, session, shared, &mut shutdown, wait).await {
+                    Read::Data => {}
+                    Read::Eof => return Ok(Exit::Closed),
+                    Read::Failed(e) => return Err(e.into()),
+                    Read::ShuttingDown => {
+                        session.shutting_down();
+                        flush(stream, session, shared).await?;
+                        return Ok(Exit::Closed);
+                    }
+                    Read::Expired(expiry) => {
                         expired(stream, session, shared, expiry, peer).await?;
                         return Ok(Exit::Closed);
                     }
@@ -147,6 +146,70 @@ async fn drive<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// One read's limits.
+struct Wait {
+    deadline: Instant,
+    expiry: Expiry,
+    started: Instant,
+    in_data: bool,
+}
+
+enum Read {
+    Data,
+    Eof,
+    Failed(std::io::Error),
+    /// The daemon is stopping and the session is between commands.
+    ShuttingDown,
+    Expired(Expiry),
+}
+
+/// Reads into the session's input until `wait.deadline`, which moves up
+/// to `IDLE_TIMEOUT_AT_CAP` after the read began if the connection cap is
+/// (or becomes) reached meanwhile.
+async fn read_more<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    session: &mut Session,
+    shared: &Shared,
+    shutdown: &mut watch::Receiver<bool>,
+    wait: Wait,
+) -> Read {
+    let mut expiry = wait.expiry;
+    let mut deadline = wait.deadline;
+    let at_cap_deadline = wait.started + IDLE_TIMEOUT_AT_CAP;
+    let shorten = |deadline: &mut Instant, expiry: &mut Expiry| {
+        if at_cap_deadline < *deadline {
+            *deadline = at_cap_deadline;
+            *expiry = Expiry::IdleAtCap;
+        }
+    };
+    if shared.load.at_cap() {
+        shorten(&mut deadline, &mut expiry);
+    }
+    let buf = session.input();
+    if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+        buf.reserve(READ_CHUNK);
+    }
+    let read = stream.read_buf(buf);
+    tokio::pin!(read);
+    let timer = tokio::time::sleep_until(deadline);
+    tokio::pin!(timer);
+    loop {
+        tokio::select! {
+            read = &mut read => return match read {
+                Ok(0) => Read::Eof,
+                Ok(_) => Read::Data,
+                Err(e) => Read::Failed(e),
+            },
+            _ = &mut timer => return Read::Expired(expiry),
+            _ = shutdown.wait_for(|stop| *stop), if !wait.in_data => return Read::ShuttingDown,
+            _ = shared.load.cap_reached() => {
+                shorten(&mut deadline, &mut expiry);
+                timer.as_mut().reset(deadline);
+            }
+        }
+    }
+}
+
 /// A read deadline passed: say which limit with a `421` and log it.
 async fn expired<S: AsyncWrite + Unpin>(
     stream: &mut S,
@@ -165,6 +228,15 @@ async fn expired<S: AsyncWrite + Unpin>(
     let reply = match expiry {
         Expiry::Idle => {
             tracing::info!(?peer, "idle timeout");
+            session.timed_out();
+            return flush(stream, session, shared).await;
+        }
+        Expiry::IdleAtCap => {
+            tracing::info!(
+                ?peer,
+                timeout = ?IDLE_TIMEOUT_AT_CAP,
+                "idle timeout while the connection cap is reached"
+            );
             session.timed_out();
             return flush(stream, session, shared).await;
         }

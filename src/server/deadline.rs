@@ -25,6 +25,9 @@ pub struct TimeLimits {
 pub enum Expiry {
     /// Nothing arrived for a whole per-read timeout.
     Idle,
+    /// Nothing arrived for the short per-read timeout that applies while
+    /// the connection cap is reached (`load.rs`).
+    IdleAtCap,
     CommandTimeLimit,
     MessageTimeLimit,
 }

@@ -3,6 +3,7 @@
 
 pub mod connection;
 mod deadline;
+mod load;
 mod per_ip;
 mod refuse;
 mod timed;
@@ -22,6 +23,7 @@ use crate::smtp::session::{Session, SessionConfig};
 use crate::store::{Store, now_millis};
 
 use deadline::TimeLimits;
+use load::Load;
 use per_ip::PerIpLimit;
 use refuse::{Refusal, Refuser};
 
@@ -37,6 +39,8 @@ pub struct Shared {
     pub per_ip: PerIpLimit,
     /// Refusals under way, across listeners.
     pub refusals: Arc<Semaphore>,
+    /// The `max_connections` cap and whether it is reached.
+    pub load: Load,
 }
 
 /// A running daemon: its bound addresses and a handle to stop it.
@@ -68,9 +72,9 @@ impl Server {
             write_timeout: config.limits.write_timeout,
             per_ip: PerIpLimit::new(config.limits.max_connections_per_ip),
             refusals: Arc::new(Semaphore::new(refuse::MAX_REFUSALS_IN_PROGRESS)),
+            load: Load::new(Arc::new(Semaphore::new(config.max_connections))),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let permits = Arc::new(Semaphore::new(config.max_connections));
         let mut tasks = JoinSet::new();
         let mut addrs = Vec::new();
         for listener in &config.listeners {
@@ -93,7 +97,6 @@ impl Server {
                 listener.tls == TlsMode::Implicit,
                 session_config,
                 shared.clone(),
-                permits.clone(),
                 shutdown_rx.clone(),
                 config.shutdown_grace,
             ));
@@ -114,13 +117,11 @@ impl Server {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn accept_loop(
     socket: TcpListener,
     implicit_tls: bool,
     config: Arc<SessionConfig>,
     shared: Arc<Shared>,
-    permits: Arc<Semaphore>,
     mut shutdown: watch::Receiver<bool>,
     grace: Duration,
 ) {
@@ -176,8 +177,9 @@ async fn accept_loop(
                 }
             }
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
+        let Ok(permit) = shared.load.permits().try_acquire_owned() else {
             refuse(&refuser, &mut connections, stream, peer, Refusal::Busy);
+            shared.load.turned_away();
             continue;
         };
         let session = Session::new(config.clone(), peer, trusted_workspace, implicit_tls);
