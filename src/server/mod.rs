@@ -1,6 +1,7 @@
 //! The daemon: listeners, the connection cap, graceful shutdown, and the
 //! background purge of expired ledger entries.
 
+mod accept_errors;
 pub mod connection;
 mod deadline;
 mod load;
@@ -22,6 +23,7 @@ use crate::config::{Config, TlsMode};
 use crate::smtp::session::{Session, SessionConfig};
 use crate::store::{Store, now_millis};
 
+use accept_errors::AcceptErrors;
 use deadline::TimeLimits;
 use load::Load;
 use per_ip::PerIpLimit;
@@ -215,44 +217,6 @@ fn refuse(
     refusal.log(peer);
     if let Some(task) = refuser.refuse(stream, refusal) {
         connections.spawn(task);
-    }
-}
-
-/// Accept failures (EMFILE, ENFILE, ENOBUFS) repeat every pause while they
-/// last: log the first, then a summary at most every 10 s, so that running
-/// out of descriptors doesn't also fill the disk with log lines.
-#[derive(Default)]
-struct AcceptErrors {
-    since_logged: u64,
-    last_logged: Option<tokio::time::Instant>,
-}
-
-impl AcceptErrors {
-    const EVERY: Duration = Duration::from_secs(10);
-
-    fn failed(&mut self, error: &std::io::Error) {
-        let now = tokio::time::Instant::now();
-        if self
-            .last_logged
-            .is_some_and(|at| now.duration_since(at) < Self::EVERY)
-        {
-            self.since_logged += 1;
-            return;
-        }
-        tracing::warn!(
-            %error,
-            repeated = self.since_logged,
-            "accept failed; pausing accepts"
-        );
-        self.since_logged = 0;
-        self.last_logged = Some(now);
-    }
-
-    fn recovered(&mut self) {
-        if self.last_logged.take().is_some() {
-            tracing::info!(repeated = self.since_logged, "accepting connections again");
-            self.since_logged = 0;
-        }
     }
 }
 
