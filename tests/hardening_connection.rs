@@ -525,3 +525,27 @@ async fn silent_clients_from_many_addresses_lose_their_slots_when_the_cap_is_rea
         assert!(String::from_utf8_lossy(&bytes).starts_with("421 4.4.2 "));
     }
 }
+
+#[tokio::test]
+async fn tls_client_that_never_reads_replies_is_cut_off() {
+    let limit = Duration::from_secs(2);
+    let d = Daemon::start(limits("write_timeout = \"2s\"\n"));
+    let mut s = Client::connect_implicit_tls(d.implicit).await;
+    s.ehlo().await;
+    let start = Instant::now();
+    let batch = b"NOOP\r\n".repeat(10_000);
+    let writer = async {
+        loop {
+            s.send_checked(&batch).await?;
+        }
+    };
+    let result: Result<std::io::Result<()>, _> =
+        tokio::time::timeout(bound(limit) + Duration::from_secs(10), writer).await;
+    let took = start.elapsed();
+    println!("TLS client that never reads cut off after {took:?} (write_timeout 2s)");
+    assert!(
+        matches!(result, Ok(Err(_))),
+        "server still reading after {took:?}"
+    );
+    assert!(wait_for_log(&d, "write timed out").await, "{}", d.log());
+}
