@@ -30,12 +30,12 @@ enum Exit {
 
 pub async fn handle(
     stream: TcpStream,
+    peer: SocketAddr,
     mut session: Session,
     implicit_tls: bool,
     shared: Arc<Shared>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let peer = stream.peer_addr().ok();
     let tls = shared.tls.as_ref().map(|c| TlsAcceptor::from(c.clone()));
     let handshake_timeout = shared.tls_handshake_timeout;
     let write_timeout = shared.write_timeout;
@@ -68,13 +68,13 @@ pub async fn handle(
     match result {
         Ok(()) => {}
         Err(e @ ConnectionError::HandshakeTimeout(_)) => {
-            tracing::info!(?peer, error = %e, "TLS handshake timed out; connection closed");
+            tracing::info!(%peer, error = %e, "TLS handshake timed out; connection closed");
         }
         Err(e @ ConnectionError::WriteTimeout(_)) => {
-            tracing::info!(?peer, error = %e, "write timed out; connection closed");
+            tracing::info!(%peer, error = %e, "write timed out; connection closed");
         }
         Err(e @ ConnectionError::Io(_)) => {
-            tracing::info!(?peer, error = %e, "connection ended with an error");
+            tracing::info!(%peer, error = %e, "connection ended with an error");
         }
     }
 }
@@ -84,7 +84,7 @@ async fn drive<S: AsyncRead + AsyncWrite + Unpin>(
     session: &mut Session,
     shared: &Shared,
     mut shutdown: watch::Receiver<bool>,
-    peer: Option<SocketAddr>,
+    peer: SocketAddr,
 ) -> Result<Exit, ConnectionError> {
     let mut budget = Budget::new(shared.time_limits, Instant::now());
     loop {
@@ -216,7 +216,7 @@ async fn expired<S: AsyncWrite + Unpin>(
     session: &mut Session,
     shared: &Shared,
     expiry: Expiry,
-    peer: Option<SocketAddr>,
+    peer: SocketAddr,
 ) -> Result<(), ConnectionError> {
     let limits = &shared.time_limits;
     // The command budget runs from the previous reply; with nothing of the
@@ -227,13 +227,13 @@ async fn expired<S: AsyncWrite + Unpin>(
     };
     let reply = match expiry {
         Expiry::Idle => {
-            tracing::info!(?peer, "idle timeout");
+            tracing::info!(%peer, "idle timeout");
             session.timed_out();
             return flush(stream, session, shared).await;
         }
         Expiry::IdleAtCap => {
             tracing::info!(
-                ?peer,
+                %peer,
                 timeout = ?IDLE_TIMEOUT_AT_CAP,
                 "idle timeout while the connection cap is reached"
             );
@@ -242,7 +242,7 @@ async fn expired<S: AsyncWrite + Unpin>(
         }
         Expiry::CommandTimeLimit => {
             tracing::info!(
-                ?peer,
+                %peer,
                 limit = ?limits.command_time_limit,
                 "command time limit exceeded; closing connection"
             );
@@ -254,7 +254,7 @@ async fn expired<S: AsyncWrite + Unpin>(
         }
         Expiry::MessageTimeLimit => {
             tracing::info!(
-                ?peer,
+                %peer,
                 limit = ?limits.message_time_limit,
                 "message time limit exceeded; closing connection"
             );

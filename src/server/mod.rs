@@ -187,6 +187,7 @@ async fn accept_loop(
         let session = Session::new(config.clone(), peer, trusted_workspace, implicit_tls);
         let handle = connection::handle(
             stream,
+            peer,
             session,
             implicit_tls,
             shared.clone(),
