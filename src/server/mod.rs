@@ -1,5 +1,6 @@
-//! The daemon: listeners, the connection cap, graceful shutdown, and the
-//! background purge of expired ledger entries.
+//! The daemon: listeners, the connection caps (global and per client
+//! address), refusals, graceful shutdown, and the background purge of
+//! expired ledger entries.
 
 mod accept_errors;
 pub mod connection;
