@@ -1,7 +1,14 @@
-//! The daemon: listeners, the connection cap, graceful shutdown, and the
-//! background purge of expired ledger entries.
+//! The daemon: listeners, the connection caps (global and per client
+//! address), refusals, graceful shutdown, and the background purge of
+//! expired ledger entries.
 
+mod accept_errors;
 pub mod connection;
+mod deadline;
+mod load;
+mod per_ip;
+mod refuse;
+mod timed;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,13 +24,26 @@ use crate::config::{Config, TlsMode};
 use crate::smtp::session::{Session, SessionConfig};
 use crate::store::{Store, now_millis};
 
+use accept_errors::AcceptErrors;
+use deadline::TimeLimits;
+use load::Load;
+use per_ip::PerIpLimit;
+use refuse::{Refusal, Refuser};
+
 /// What every connection task shares.
 pub struct Shared {
     pub acceptor: Acceptor,
     pub auth: Authenticator,
     pub tls: Option<Arc<rustls::ServerConfig>>,
-    pub command_timeout: Duration,
-    pub data_timeout: Duration,
+    pub time_limits: TimeLimits,
+    pub tls_handshake_timeout: Duration,
+    pub write_timeout: Duration,
+    /// Connections per client address (trusted networks are exempt).
+    pub per_ip: PerIpLimit,
+    /// Refusals under way, across listeners.
+    pub refusals: Arc<Semaphore>,
+    /// The `max_connections` cap and whether it is reached.
+    pub load: Load,
 }
 
 /// A running daemon: its bound addresses and a handle to stop it.
@@ -45,11 +65,19 @@ impl Server {
             acceptor: Acceptor::new(store.clone(), config.retention, config.hostname.clone()),
             auth: Authenticator::from_config(config).map_err(|e| e.to_string())?,
             tls: tls.clone(),
-            command_timeout: config.command_timeout,
-            data_timeout: config.data_timeout,
+            time_limits: TimeLimits {
+                command_timeout: config.command_timeout,
+                data_timeout: config.data_timeout,
+                command_time_limit: config.limits.command_time_limit,
+                message_time_limit: config.limits.message_time_limit,
+            },
+            tls_handshake_timeout: config.limits.tls_handshake_timeout,
+            write_timeout: config.limits.write_timeout,
+            per_ip: PerIpLimit::new(config.limits.max_connections_per_ip),
+            refusals: Arc::new(Semaphore::new(refuse::MAX_REFUSALS_IN_PROGRESS)),
+            load: Load::new(Arc::new(Semaphore::new(config.max_connections))),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let permits = Arc::new(Semaphore::new(config.max_connections));
         let mut tasks = JoinSet::new();
         let mut addrs = Vec::new();
         for listener in &config.listeners {
@@ -72,7 +100,6 @@ impl Server {
                 listener.tls == TlsMode::Implicit,
                 session_config,
                 shared.clone(),
-                permits.clone(),
                 shutdown_rx.clone(),
                 config.shutdown_grace,
             ));
@@ -93,16 +120,25 @@ impl Server {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn accept_loop(
     socket: TcpListener,
     implicit_tls: bool,
     config: Arc<SessionConfig>,
     shared: Arc<Shared>,
-    permits: Arc<Semaphore>,
     mut shutdown: watch::Receiver<bool>,
     grace: Duration,
 ) {
+    let refuser = Refuser {
+        tls: if implicit_tls {
+            shared.tls.clone().map(tokio_rustls::TlsAcceptor::from)
+        } else {
+            None
+        },
+        handshake_timeout: shared.tls_handshake_timeout,
+        write_timeout: shared.write_timeout,
+        in_progress: shared.refusals.clone(),
+    };
+    let mut accept_errors = AcceptErrors::default();
     let mut connections = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -114,31 +150,49 @@ async fn accept_loop(
         let (stream, peer) = match accepted {
             Ok(pair) => pair,
             Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                accept_errors.failed(&e);
+                // EMFILE and friends: back off instead of spinning, but keep
+                // reaping so that finished connections free descriptors.
+                let pause = tokio::time::sleep(Duration::from_millis(50));
+                tokio::pin!(pause);
+                loop {
+                    tokio::select! {
+                        _ = &mut pause => break,
+                        Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                    }
+                }
                 continue;
             }
         };
+        accept_errors.recovered();
         let _ = stream.set_nodelay(true);
         if shared.auth.is_banned(peer.ip()) {
-            tracing::info!(%peer, "connection refused: address banned after authentication failures");
-            connections.spawn(refuse_banned(stream, implicit_tls));
+            refuse(&refuser, &mut connections, stream, peer, Refusal::Banned);
             continue;
         }
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "connection refused: too many connections");
-            connections.spawn(refuse(stream));
+        let trusted_workspace = shared.auth.trusted_workspace(peer.ip());
+        // Trusted networks are our own senders (Postfix exempts $mynetworks
+        // by default too); everyone else counts per address.
+        let per_ip = if trusted_workspace.is_some() {
+            None
+        } else {
+            match shared.per_ip.try_acquire(peer.ip()) {
+                Some(slot) => Some(slot),
+                None => {
+                    refuse(&refuser, &mut connections, stream, peer, Refusal::PerIp);
+                    continue;
+                }
+            }
+        };
+        let Ok(permit) = shared.load.permits().try_acquire_owned() else {
+            refuse(&refuser, &mut connections, stream, peer, Refusal::Busy);
+            shared.load.turned_away();
             continue;
         };
-        let session = Session::new(
-            config.clone(),
-            peer,
-            shared.auth.trusted_workspace(peer.ip()),
-            implicit_tls,
-        );
+        let session = Session::new(config.clone(), peer, trusted_workspace, implicit_tls);
         let handle = connection::handle(
             stream,
+            peer,
             session,
             implicit_tls,
             shared.clone(),
@@ -146,8 +200,9 @@ async fn accept_loop(
         );
         connections.spawn(async move {
             handle.await;
-            // The cap counts a connection until its task ends.
+            // The caps count a connection until its task ends.
             drop(permit);
+            drop(per_ip);
         });
     }
     drop(socket);
@@ -158,24 +213,17 @@ async fn accept_loop(
     }
 }
 
-async fn refuse(mut stream: tokio::net::TcpStream) {
-    use tokio::io::AsyncWriteExt;
-    let _ = stream
-        .write_all(b"421 4.7.0 Too many connections, try again later\r\n")
-        .await;
-    let _ = stream.shutdown().await;
-}
-
-/// No plaintext reply on an implicit-TLS port: the client expects a
-/// handshake there, so it just gets the connection closed.
-async fn refuse_banned(mut stream: tokio::net::TcpStream, implicit_tls: bool) {
-    use tokio::io::AsyncWriteExt;
-    if !implicit_tls {
-        let _ = stream
-            .write_all(b"421 4.7.0 Too many failed logins from your address, try again later\r\n")
-            .await;
+fn refuse(
+    refuser: &Refuser,
+    connections: &mut JoinSet<()>,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    refusal: Refusal,
+) {
+    refusal.log(peer);
+    if let Some(task) = refuser.refuse(stream, refusal) {
+        connections.spawn(task);
     }
-    let _ = stream.shutdown().await;
 }
 
 async fn purge_loop(

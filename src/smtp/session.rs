@@ -179,6 +179,18 @@ impl Session {
         matches!(self.state, State::Closed)
     }
 
+    /// Bytes of an unfinished command line are buffered or being skipped
+    /// (the command time limit is running, the client is not idle).
+    pub fn has_partial_command(&self) -> bool {
+        !self.in_data() && (self.consumed < self.input.len() || self.skipping_long_line)
+    }
+
+    /// A message is under way: inside a DATA or BDAT body, or between the
+    /// BDAT chunks of one message (the message time limit is running).
+    pub fn in_message(&self) -> bool {
+        self.in_data() || !self.message.is_empty() || self.bdat_failed
+    }
+
     /// Idle limit reached.
     pub fn timed_out(&mut self) {
         self.write(Reply::new(421, "4.4.2", "Idle timeout, closing connection"));
