@@ -311,6 +311,29 @@ fn smuggled_transaction_after_dot_cr_cr_lf_is_never_run() {
 }
 
 #[test]
+fn a_refused_message_that_ends_in_doubt_still_closes() {
+    // Too big, so swallowed unstored; its end is `.\r\r\n` all the same.
+    let mut s = open_transaction(config());
+    let mut input = b"DATA\r\n".to_vec();
+    input.extend(std::iter::repeat_n(b'x', 2000));
+    input.extend_from_slice(b"\r\n");
+    let (out, _) = feed(&mut s, &input);
+    assert_eq!(codes(&out), ["354"], "{out}");
+    let (out, action) = feed(&mut s, b".\r\r\nMAIL FROM:<evil@x.test>\r\n");
+    assert_eq!(codes(&out), ["552"], "{out}");
+    assert!(matches!(action, Action::Close), "{action:?}");
+    // A NUL first, then a bare line ending: the worse one decides.
+    let mut s = open_transaction(config());
+    let (out, action) = feed(
+        &mut s,
+        b"DATA\r\na\0b\r\n.\r\r\nMAIL FROM:<evil@x.test>\r\n",
+    );
+    assert_eq!(codes(&out), ["354", "554"], "{out}");
+    assert!(out.contains("bare CR or LF"), "{out}");
+    assert!(matches!(action, Action::Close), "{action:?}");
+}
+
+#[test]
 fn bare_cr_or_lf_in_bdat_is_refused_and_closes() {
     for chunk in [&b"a\r.\r\n"[..], b"a\n", b"a\rb\r\n", b"ab\r"] {
         let mut s = open_transaction(config());
