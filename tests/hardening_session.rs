@@ -268,3 +268,21 @@ async fn per_account_in_flight_budget_holds_one_account_not_the_others() {
         .await;
     assert_eq!(r.code, 250, "bob's share is free again: {r:?}");
 }
+
+#[tokio::test]
+async fn empty_bdat_chunks_count_as_junk() {
+    let d = Daemon::start(Options {
+        extra: "[limits]\nmax_junk_commands = 10\n".into(),
+        ..Options::default()
+    });
+    let mut c = Client::login(d.plain, "bob").await; // EHLO: junk #1
+    open_transaction(&mut c, "bob@example.test").await;
+    c.send("BDAT 0\r\n".repeat(50).as_bytes()).await;
+    for _ in 0..9 {
+        let r = c.read_reply().await;
+        assert_eq!(r.code, 250, "{r:?}");
+    }
+    let r = c.read_reply().await;
+    assert_eq!(r.code, 421, "{r:?}");
+    assert!(c.is_closed().await);
+}

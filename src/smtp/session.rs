@@ -632,6 +632,10 @@ impl Session {
     }
 
     fn bdat(&mut self, chunk_size: usize, is_last: bool) -> Option<Action> {
+        // An empty chunk that is not the last carries nothing: junk.
+        if chunk_size == 0 && !is_last && self.junk_limit_reached() {
+            return Some(Action::Close);
+        }
         // The chunk follows the command whatever we answer: always consume it.
         let refuse = if self.bdat_failed {
             Some(Reply::new(503, "5.5.1", "Transaction failed, send RSET"))

@@ -422,6 +422,21 @@ fn junk_commands_are_limited() {
 }
 
 #[test]
+fn empty_bdat_chunks_count_as_junk() {
+    let mut s = session_with(junk_config(3), true);
+    let (out, action) = feed(
+        &mut s,
+        b"EHLO me\r\nMAIL FROM:<a@b.test>\r\nRCPT TO:<c@d.test>\r\nBDAT 0\r\nBDAT 0\r\nBDAT 0\r\n",
+    );
+    assert_eq!(
+        codes(&out),
+        ["250", "250", "250", "250", "250", "421"],
+        "{out}"
+    );
+    assert!(matches!(action, Action::Close));
+}
+
+#[test]
 fn an_accepted_message_resets_the_junk_count() {
     let mut s = session_with(junk_config(3), true);
     let (_, action) = feed(
