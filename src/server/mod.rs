@@ -21,6 +21,7 @@ use tokio::task::JoinSet;
 use crate::accept::Acceptor;
 use crate::auth::Authenticator;
 use crate::config::{Config, TlsMode};
+use crate::smtp::budget::InFlightBudget;
 use crate::smtp::session::{Session, SessionConfig};
 use crate::store::{Store, now_millis};
 
@@ -78,6 +79,11 @@ impl Server {
             load: Load::new(Arc::new(Semaphore::new(config.max_connections))),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
+        // One budget for every listener's sessions.
+        let budget = InFlightBudget::new(
+            config.limits.max_bytes_in_flight,
+            config.limits.max_bytes_in_flight_per_account,
+        );
         let mut tasks = JoinSet::new();
         let mut addrs = Vec::new();
         for listener in &config.listeners {
@@ -94,6 +100,8 @@ impl Server {
                 max_bad_commands: config.max_bad_commands,
                 allow_plaintext_auth: config.allow_plaintext_auth,
                 starttls_offered: listener.tls == TlsMode::StartTls && tls.is_some(),
+                max_junk_commands: config.limits.max_junk_commands,
+                budget: budget.clone(),
             });
             tasks.spawn(accept_loop(
                 socket,

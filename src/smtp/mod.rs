@@ -1,5 +1,8 @@
 //! The SMTP protocol, without I/O.
 
+pub mod budget;
+pub mod content_check;
+pub mod message_buffer;
 pub mod path_command;
 pub mod reply;
 pub mod session;

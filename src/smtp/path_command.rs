@@ -39,6 +39,8 @@ pub struct MailArgs {
     pub path: ReversePath,
     /// `SIZE=`, 0 when not given.
     pub size: usize,
+    /// `BODY=BINARYMIME`, which we do not offer.
+    pub binarymime: bool,
 }
 
 #[derive(Debug)]
@@ -66,6 +68,7 @@ pub fn parse_mail(line: &[u8]) -> Result<MailArgs, CommandError> {
         Ok(Request::Mail { from }) => Ok(MailArgs {
             path,
             size: from.size,
+            binarymime: from.flags & smtp_proto::MAIL_BODY_BINARYMIME != 0,
         }),
         Ok(_) => Err(syntax(MAIL_SYNTAX)),
         Err(e) => Err(CommandError::Syntax(e)),

@@ -10,12 +10,17 @@ use std::sync::Arc;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use smtp_proto::request::receiver::{BdatReceiver, DataReceiver, DummyDataReceiver};
+use smtp_proto::request::receiver::{DataReceiver, DummyDataReceiver};
 use smtp_proto::{AUTH_LOGIN, AUTH_PLAIN, Error as ParseError, Request};
 
 use crate::auth::{Account, AuthOutcome, Submitter};
+use crate::smtp::budget::InFlightBudget;
+use crate::smtp::content_check::ContentCheck;
+use crate::smtp::message_buffer::MessageBuffer;
 use crate::smtp::path_command::{self, CommandError, Verb};
 use crate::smtp::reply::Reply;
+
+mod intake;
 
 /// RFC 5321 4.5.3.1.4: a command line is at most 512 octets with CRLF.
 pub const MAX_COMMAND_LINE: usize = 512;
@@ -32,6 +37,11 @@ pub struct SessionConfig {
     pub allow_plaintext_auth: bool,
     /// The listener offers STARTTLS (plaintext listener with a certificate).
     pub starttls_offered: bool,
+    /// NOOP, RSET, VRFY, HELP, EHLO and HELO allowed between accepted
+    /// messages (`limits.max_junk_commands`).
+    pub max_junk_commands: u32,
+    /// Message bytes in memory, shared by every listener's sessions.
+    pub budget: Arc<InFlightBudget>,
 }
 
 /// What the driver must do before calling [`Session::advance`] again.
@@ -74,16 +84,19 @@ enum State {
     Data {
         receiver: DataReceiver,
     },
-    /// The message exceeded the size limit: swallow the rest of it.
+    /// The message was refused: swallow the rest of it, then answer.
     DataDiscard {
         receiver: DummyDataReceiver,
+        refusal: Refusal,
     },
+    /// `left` bytes of the current chunk are still to come.
     Bdat {
-        receiver: BdatReceiver,
+        left: usize,
+        is_last: bool,
     },
     BdatDiscard {
-        receiver: DummyDataReceiver,
-        reply: Reply,
+        left: usize,
+        refusal: Refusal,
     },
     SaslPlain,
     SaslLoginUser,
@@ -93,6 +106,23 @@ enum State {
     /// An action is out; input waits until the driver reports back.
     Waiting,
     Closed,
+}
+
+/// The answer to a refused message, given once its last byte is read.
+struct Refusal {
+    reply: Reply,
+    /// The client can't be trusted to agree with us on where the message
+    /// ended: close after the reply, so nothing pipelined behind runs.
+    close: bool,
+}
+
+impl Refusal {
+    fn keep_open(reply: Reply) -> Self {
+        Self {
+            reply,
+            close: false,
+        }
+    }
 }
 
 pub struct Session {
@@ -105,12 +135,16 @@ pub struct Session {
     account: Option<Arc<Account>>,
     envelope: Option<Envelope>,
     /// DATA or BDAT content collected so far.
-    message: Vec<u8>,
+    message: MessageBuffer,
+    /// Bare CR/LF and NUL check over the current message's bytes.
+    content_check: ContentCheck,
     /// A BDAT chunk overflowed the size limit: the transaction is dead.
     bdat_failed: bool,
     /// An over-long command line is being skipped up to its newline.
     skipping_long_line: bool,
     bad_commands: u32,
+    /// Commands that carry no mail, since the last accepted message.
+    junk_commands: u32,
     /// Set by STARTTLS: whatever was pipelined after it is dropped.
     discard_input: bool,
     input: Vec<u8>,
@@ -134,10 +168,12 @@ impl Session {
             helo: None,
             account: None,
             envelope: None,
-            message: Vec::new(),
+            message: MessageBuffer::new(),
+            content_check: ContentCheck::new(),
             bdat_failed: false,
             skipping_long_line: false,
             bad_commands: 0,
+            junk_commands: 0,
             discard_input: false,
             input: Vec::with_capacity(8192),
             consumed: 0,
@@ -260,6 +296,11 @@ impl Session {
     /// `reply` is the full reply (one or more CRLF-terminated lines) the
     /// acceptance pipeline decided on.
     pub fn submission_done(&mut self, reply: &[u8]) {
+        // An accepted message shows a real client: its junk allowance
+        // starts again (as Postfix does).
+        if reply.starts_with(b"250") {
+            self.junk_commands = 0;
+        }
         self.output.extend_from_slice(reply);
         self.reset_transaction();
         self.state = State::Command;
@@ -282,73 +323,26 @@ impl Session {
 
     /// One unit of work; `None` means "call again".
     fn step(&mut self) -> Option<Action> {
-        match &mut self.state {
-            State::Closed => Some(Action::Close),
-            State::Waiting => Some(Action::NeedInput),
-            State::Data { receiver } => {
-                let mut bytes = self.input[self.consumed..].iter();
-                let before = bytes.len();
-                let done = receiver.ingest(&mut bytes, &mut self.message);
-                self.consumed += before - bytes.len();
-                if self.message.len() > self.config.max_message_size {
-                    if done {
-                        return self.reject_too_big();
-                    }
-                    // Keep reading to the end of the message, storing nothing.
-                    let discard = DummyDataReceiver::new_data(receiver);
-                    self.message = Vec::new();
-                    self.state = State::DataDiscard { receiver: discard };
-                    return None;
-                }
-                if done {
-                    return self.data_complete();
-                }
+        match std::mem::replace(&mut self.state, State::Command) {
+            State::Closed => {
+                self.state = State::Closed;
+                Some(Action::Close)
+            }
+            State::Waiting => {
+                self.state = State::Waiting;
                 Some(Action::NeedInput)
             }
-            State::DataDiscard { receiver } => {
-                let mut bytes = self.input[self.consumed..].iter();
-                let before = bytes.len();
-                let done = receiver.ingest(&mut bytes);
-                self.consumed += before - bytes.len();
-                if !done {
-                    return Some(Action::NeedInput);
-                }
-                self.reject_too_big()
-            }
-            State::Bdat { receiver } => {
-                let mut bytes = self.input[self.consumed..].iter();
-                let before = bytes.len();
-                let done = receiver.ingest(&mut bytes, &mut self.message);
-                self.consumed += before - bytes.len();
-                if !done {
-                    return Some(Action::NeedInput);
-                }
-                let is_last = receiver.is_last;
-                self.state = State::Command;
-                if is_last {
-                    return self.submit();
-                }
-                let text = format!("{} octets received", self.message.len());
-                self.write(Reply::new(250, "2.0.0", &text));
-                None
-            }
-            State::BdatDiscard { receiver, reply } => {
-                let mut bytes = self.input[self.consumed..].iter();
-                let before = bytes.len();
-                let done = receiver.ingest(&mut bytes);
-                self.consumed += before - bytes.len();
-                if !done {
-                    return Some(Action::NeedInput);
-                }
-                let reply = reply.clone();
-                self.write(reply);
-                self.state = State::Command;
-                None
-            }
-            State::Command
+            State::Data { receiver } => self.data_bytes(receiver),
+            State::DataDiscard { receiver, refusal } => self.data_discard_bytes(receiver, refusal),
+            State::Bdat { left, is_last } => self.bdat_bytes(left, is_last),
+            State::BdatDiscard { left, refusal } => self.bdat_discard_bytes(left, refusal),
+            state @ (State::Command
             | State::SaslPlain
             | State::SaslLoginUser
-            | State::SaslLoginPassword { .. } => self.next_line(),
+            | State::SaslLoginPassword { .. }) => {
+                self.state = state;
+                self.next_line()
+            }
         }
     }
 
@@ -417,6 +411,9 @@ impl Session {
             Ok(r) => r,
             Err(e) => return self.parse_error(e),
         };
+        if is_junk(&request) && self.junk_limit_reached() {
+            return Some(Action::Close);
+        }
         match request {
             Request::Ehlo { host } => self.ehlo(host, true),
             Request::Helo { host } => self.ehlo(host, false),
@@ -488,6 +485,35 @@ impl Session {
             _ => Reply::new(500, "5.5.2", "Syntax error"),
         };
         self.write(reply);
+        self.count_bad_command()
+    }
+
+    /// Counts a command that carries no mail; past the limit, the session
+    /// ends (Postfix `smtpd_junk_command_limit`): a client that never sends
+    /// a message must not hold a connection with NOOPs forever.
+    fn junk_limit_reached(&mut self) -> bool {
+        self.junk_commands += 1;
+        if self.junk_commands <= self.config.max_junk_commands {
+            return false;
+        }
+        tracing::warn!(
+            peer = %self.peer,
+            limit = self.config.max_junk_commands,
+            "too many commands without a message, disconnecting"
+        );
+        self.write(Reply::new(
+            421,
+            "4.7.0",
+            "Too many commands, closing connection",
+        ));
+        self.state = State::Closed;
+        true
+    }
+
+    /// RFC 3030 BINARYMIME is not offered in EHLO: content must be lines.
+    fn refuse_binarymime(&mut self) -> Option<Action> {
+        // count_bad_command logs the reply.
+        self.write(Reply::new(555, "5.5.4", "BODY=BINARYMIME not supported"));
         self.count_bad_command()
     }
 
@@ -569,6 +595,9 @@ impl Session {
                 return self.count_bad_command();
             }
         };
+        if from.binarymime {
+            return self.refuse_binarymime();
+        }
         if self.helo.is_none() {
             return self.bad_sequence("Send EHLO first");
         }
@@ -652,13 +681,18 @@ impl Session {
             return action;
         }
         self.write(Reply::new(354, "", "End data with <CR><LF>.<CR><LF>"));
+        self.content_check = ContentCheck::new();
         self.state = State::Data {
-            receiver: DataReceiver::new(),
+            receiver: data_receiver(),
         };
         None
     }
 
     fn bdat(&mut self, chunk_size: usize, is_last: bool) -> Option<Action> {
+        // An empty chunk that is not the last carries nothing: junk.
+        if chunk_size == 0 && !is_last && self.junk_limit_reached() {
+            return Some(Action::Close);
+        }
         // The chunk follows the command whatever we answer: always consume it.
         let refuse = if self.bdat_failed {
             Some(Reply::new(503, "5.5.1", "Transaction failed, send RSET"))
@@ -670,40 +704,41 @@ impl Session {
             .is_some_and(|e| e.recipients.is_empty())
         {
             Some(Reply::new(554, "5.5.1", "No valid recipients"))
-        } else if self.message.len().saturating_add(chunk_size) > self.config.max_message_size {
-            tracing::info!(peer = %self.peer, "BDAT rejected: larger than SIZE limit");
-            self.bdat_failed = true;
-            self.message = Vec::new();
-            Some(self.too_big_reply())
         } else {
             None
         };
-        match refuse {
-            Some(reply) => {
-                self.state = State::BdatDiscard {
-                    receiver: DummyDataReceiver::new_bdat(chunk_size),
-                    reply,
-                };
-            }
-            None => {
-                self.message.reserve(chunk_size);
-                self.state = State::Bdat {
-                    receiver: BdatReceiver::new(chunk_size, is_last),
-                };
-            }
+        if let Some(reply) = refuse {
+            self.state = State::BdatDiscard {
+                left: chunk_size,
+                refusal: Refusal::keep_open(reply),
+            };
+            return None;
         }
+        if self.message.is_empty() && self.message.reserved() == 0 {
+            // The first chunk of a message.
+            self.content_check = ContentCheck::new();
+        }
+        if self.message.len().saturating_add(chunk_size) > self.config.max_message_size {
+            tracing::info!(peer = %self.peer, chunk_size, "BDAT rejected: larger than SIZE limit");
+            let refusal = Refusal::keep_open(self.too_big_reply());
+            return self.refuse_chunk(chunk_size, is_last, refusal);
+        }
+        // No memory for the announced size: the buffer grows with the bytes
+        // that actually arrive (see `bdat_bytes`).
+        self.state = State::Bdat {
+            left: chunk_size,
+            is_last,
+        };
         None
     }
 
-    fn data_complete(&mut self) -> Option<Action> {
+    /// The whole message is in (final dot or last chunk) and passed the
+    /// content check.
+    fn message_complete(&mut self) -> Option<Action> {
         self.state = State::Command;
-        if let Some(offset) = find_bare_cr_or_lf(&self.message) {
-            tracing::warn!(peer = %self.peer, offset, "message rejected: bare CR or LF in DATA");
-            self.write(Reply::new(
-                554,
-                "5.6.0",
-                "Message contains a bare CR or LF; lines must end with CRLF",
-            ));
+        if self.message.is_empty() {
+            tracing::info!(peer = %self.peer, "message rejected: empty");
+            self.write(Reply::new(554, "5.6.0", "Message is empty"));
             self.reset_transaction();
             return None;
         }
@@ -722,7 +757,8 @@ impl Session {
             tls: self.tls,
             reverse_path: envelope.reverse_path,
             recipients: envelope.recipients,
-            content: std::mem::take(&mut self.message),
+            // The buffer keeps the bytes reserved until `submission_done`.
+            content: self.message.take(),
         })))
     }
 
@@ -851,14 +887,6 @@ impl Session {
         self.count_bad_command()
     }
 
-    fn reject_too_big(&mut self) -> Option<Action> {
-        tracing::info!(peer = %self.peer, "message rejected: larger than SIZE limit");
-        self.write(self.too_big_reply());
-        self.reset_transaction();
-        self.state = State::Command;
-        None
-    }
-
     fn too_big_reply(&self) -> Reply {
         Reply::new(
             552,
@@ -877,13 +905,35 @@ impl Session {
 
     fn reset_transaction(&mut self) {
         self.envelope = None;
-        self.message = Vec::new();
+        self.message.clear();
         self.bdat_failed = false;
     }
 
     fn write(&mut self, reply: Reply) {
         reply.write_to(&mut self.output);
     }
+}
+
+/// A receiver that knows a line just ended (the DATA command's CRLF), so a
+/// `.` on the very first line is seen: `.\r\n` at once is an empty message
+/// rather than content, and a stuffed `..` first line is unstuffed.
+fn data_receiver() -> DataReceiver {
+    let mut receiver = DataReceiver::new();
+    receiver.ingest(&mut b"\r\n".iter(), &mut Vec::new());
+    receiver
+}
+
+/// Commands that move no mail forward; their count is limited per session.
+fn is_junk(request: &Request<Cow<'_, str>>) -> bool {
+    matches!(
+        request,
+        Request::Noop { .. }
+            | Request::Rset
+            | Request::Vrfy { .. }
+            | Request::Help { .. }
+            | Request::Ehlo { .. }
+            | Request::Helo { .. }
+    )
 }
 
 fn starts_with_auth(line: &[u8]) -> bool {
@@ -893,19 +943,4 @@ fn starts_with_auth(line: &[u8]) -> bool {
 fn trim_crlf(line: &[u8]) -> &[u8] {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     line.strip_suffix(b"\r").unwrap_or(line)
-}
-
-/// A CR not followed by LF, or an LF not preceded by CR: the ambiguity that
-/// SMTP smuggling exploits between relays.
-pub fn find_bare_cr_or_lf(data: &[u8]) -> Option<usize> {
-    for i in memchr::memchr2_iter(b'\r', b'\n', data) {
-        let bare = match data[i] {
-            b'\r' => data.get(i + 1) != Some(&b'\n'),
-            _ => i == 0 || data[i - 1] != b'\r',
-        };
-        if bare {
-            return Some(i);
-        }
-    }
-    None
 }

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use super::session::{Action, Session, SessionConfig, find_bare_cr_or_lf};
+use super::budget::InFlightBudget;
+use super::session::{Action, Session, SessionConfig};
 use crate::auth::{Account, AuthOutcome};
 
 fn config() -> Arc<SessionConfig> {
@@ -13,12 +14,18 @@ fn config() -> Arc<SessionConfig> {
         max_bad_commands: 3,
         allow_plaintext_auth: false,
         starttls_offered: true,
+        max_junk_commands: 100,
+        budget: InFlightBudget::unlimited(),
     })
 }
 
 fn session(trusted: bool) -> Session {
+    session_with(config(), trusted)
+}
+
+fn session_with(config: Arc<SessionConfig>, trusted: bool) -> Session {
     let mut s = Session::new(
-        config(),
+        config,
         "127.0.0.1:5000".parse().expect("addr"),
         trusted.then(|| "local".to_string()),
         false,
@@ -220,17 +227,16 @@ fn bdat_chunks_collect_and_bad_bdat_is_consumed() {
     assert_eq!(codes(&out), ["250", "503", "250"]);
     let (out, action) = feed(
         &mut s,
-        b"MAIL FROM:<a@b.test>\r\nRCPT TO:<c@d.test>\r\nBDAT 4\r\nab\r\nBDAT 2 LAST\r\n\ncd",
+        b"MAIL FROM:<a@b.test>\r\nRCPT TO:<c@d.test>\r\nBDAT 3\r\nab\rBDAT 3 LAST\r\n\ncd",
     );
     assert_eq!(codes(&out), ["250", "250", "250"]);
     let Action::Submit(sub) = action else {
         panic!("expected Submit, got {action:?}");
     };
-    assert_eq!(sub.content, b"ab\r\n\nc");
+    assert_eq!(sub.content, b"ab\r\ncd", "a CRLF may span two chunks");
     s.submission_done(b"250 ok\r\n");
     let (out, _) = feed(&mut s, b"");
     assert!(out.starts_with("250 ok"));
-    // The trailing "d" plus more is now a command line.
 }
 
 #[test]
@@ -268,19 +274,299 @@ fn quit_and_timeout() {
 }
 
 #[test]
-fn bare_line_endings_are_found() {
-    assert_eq!(find_bare_cr_or_lf(b"a\r\nb\r\n"), None);
-    assert_eq!(find_bare_cr_or_lf(b"a\nb"), Some(1));
-    assert_eq!(find_bare_cr_or_lf(b"a\rb"), Some(1));
-    assert_eq!(find_bare_cr_or_lf(b"a\r\r\n"), Some(1));
-    assert_eq!(find_bare_cr_or_lf(b"abc\r"), Some(3));
-}
-
-#[test]
 fn help_vrfy_and_unimplemented() {
     let mut s = session(true);
     let (out, _) = feed(&mut s, b"HELP\r\nVRFY bob\r\nEXPN list\r\n");
     assert_eq!(codes(&out), ["214", "252", "502"]);
+}
+
+const OPEN: &[u8] = b"EHLO me\r\nMAIL FROM:<a@b.test>\r\nRCPT TO:<c@d.test>\r\n";
+
+/// A session in the transaction state, ready for DATA or BDAT.
+fn open_transaction(config: Arc<SessionConfig>) -> Session {
+    let mut s = session_with(config, true);
+    let (out, _) = feed(&mut s, OPEN);
+    assert_eq!(codes(&out), ["250", "250", "250"]);
+    s
+}
+
+#[test]
+fn smuggled_transaction_after_dot_cr_cr_lf_is_never_run() {
+    for end in [&b".\r\r\n"[..], b".\n", b"\n.\r\n", b"\r.\r\n"] {
+        let mut s = open_transaction(config());
+        let mut input = b"DATA\r\nSubject: x\r\n\r\nline\r\n".to_vec();
+        input.extend_from_slice(end);
+        input.extend_from_slice(
+            b"MAIL FROM:<evil@x.test>\r\nRCPT TO:<v@y.test>\r\nDATA\r\nSmuggled\r\n.\r\nNOOP\r\n",
+        );
+        let (out, action) = feed(&mut s, &input);
+        assert!(
+            matches!(action, Action::Close),
+            "{end:?}: expected Close, got {action:?}"
+        );
+        assert_eq!(codes(&out), ["354", "554"], "{end:?}: {out}");
+        assert!(out.contains("554 5.6.0"), "{out}");
+        assert!(s.is_closed());
+    }
+}
+
+#[test]
+fn a_refused_message_that_ends_in_doubt_still_closes() {
+    // Too big, so swallowed unstored; its end is `.\r\r\n` all the same.
+    let mut s = open_transaction(config());
+    let mut input = b"DATA\r\n".to_vec();
+    input.extend(std::iter::repeat_n(b'x', 2000));
+    input.extend_from_slice(b"\r\n");
+    let (out, _) = feed(&mut s, &input);
+    assert_eq!(codes(&out), ["354"], "{out}");
+    let (out, action) = feed(&mut s, b".\r\r\nMAIL FROM:<evil@x.test>\r\n");
+    assert_eq!(codes(&out), ["552"], "{out}");
+    assert!(matches!(action, Action::Close), "{action:?}");
+    // A NUL first, then a bare line ending: the worse one decides.
+    let mut s = open_transaction(config());
+    let (out, action) = feed(
+        &mut s,
+        b"DATA\r\na\0b\r\n.\r\r\nMAIL FROM:<evil@x.test>\r\n",
+    );
+    assert_eq!(codes(&out), ["354", "554"], "{out}");
+    assert!(out.contains("bare CR or LF"), "{out}");
+    assert!(matches!(action, Action::Close), "{action:?}");
+}
+
+#[test]
+fn bare_cr_or_lf_in_bdat_is_refused_and_closes() {
+    for chunk in [&b"a\r.\r\n"[..], b"a\n", b"a\rb\r\n", b"ab\r"] {
+        let mut s = open_transaction(config());
+        let mut input = format!("BDAT {} LAST\r\n", chunk.len()).into_bytes();
+        input.extend_from_slice(chunk);
+        input.extend_from_slice(b"NOOP\r\n");
+        let (out, action) = feed(&mut s, &input);
+        assert!(matches!(action, Action::Close), "{chunk:?}: {action:?}");
+        assert_eq!(codes(&out), ["554"], "{chunk:?}: {out}");
+    }
+    // In a chunk that is not the last, refused once the chunk is read.
+    let mut s = open_transaction(config());
+    let (out, action) = feed(&mut s, b"BDAT 4\r\na\nbc");
+    assert!(matches!(action, Action::Close), "{action:?}");
+    assert_eq!(codes(&out), ["554"]);
+}
+
+#[test]
+fn nul_in_content_is_refused_and_the_session_goes_on() {
+    let mut s = open_transaction(config());
+    let (out, action) = feed(&mut s, b"DATA\r\nSubject: x\r\n\r\na\0b\r\n.\r\nNOOP\r\n");
+    assert!(matches!(action, Action::NeedInput), "{action:?}");
+    assert_eq!(codes(&out), ["354", "554", "250"], "{out}");
+    assert!(
+        out.contains("554 5.6.0 Message contains a NUL byte"),
+        "{out}"
+    );
+    // BDAT: the chunk with the NUL fails the transaction.
+    let mut s = open_transaction(config());
+    let (out, _) = feed(&mut s, b"BDAT 3\r\na\0bBDAT 2 LAST\r\n\r\nRSET\r\n");
+    assert_eq!(codes(&out), ["554", "503", "250"], "{out}");
+}
+
+#[test]
+fn empty_messages_are_refused() {
+    let mut s = open_transaction(config());
+    let (out, action) = feed(&mut s, b"BDAT 0 LAST\r\n");
+    assert!(matches!(action, Action::NeedInput), "{action:?}");
+    assert!(out.starts_with("554 5.6.0 Message is empty"), "{out}");
+    // The transaction is over: a new one can start at once.
+    let (out, _) = feed(&mut s, OPEN);
+    assert_eq!(codes(&out), ["250", "250", "250"]);
+    let (out, _) = feed(&mut s, b"DATA\r\n.\r\n");
+    assert_eq!(codes(&out), ["354", "554"]);
+    // BDAT 0 LAST after real chunks ends a normal message.
+    let (_, action) = feed(&mut s, OPEN);
+    assert!(matches!(action, Action::NeedInput));
+    let (_, action) = feed(&mut s, b"BDAT 3\r\nx\r\nBDAT 0 LAST\r\n");
+    let Action::Submit(sub) = action else {
+        panic!("expected Submit, got {action:?}");
+    };
+    assert_eq!(sub.content, b"x\r\n");
+}
+
+#[test]
+fn binarymime_is_refused_other_bodies_are_accepted() {
+    let mut s = session(true);
+    let (out, _) = feed(
+        &mut s,
+        b"EHLO me\r\nMAIL FROM:<a@b.test> BODY=BINARYMIME\r\nMAIL FROM:<a@b.test> BODY=8BITMIME\r\nRSET\r\nMAIL FROM:<a@b.test> BODY=7BIT\r\n",
+    );
+    assert_eq!(codes(&out), ["250", "555", "250", "250", "250"], "{out}");
+    assert!(out.contains("555 5.5.4 BODY=BINARYMIME not supported"));
+}
+
+fn junk_config(max: u32) -> Arc<SessionConfig> {
+    let mut c = (*config()).clone();
+    c.max_junk_commands = max;
+    Arc::new(c)
+}
+
+#[test]
+fn junk_commands_are_limited() {
+    let mut s = session_with(junk_config(5), true);
+    let (out, action) = feed(
+        &mut s,
+        b"EHLO me\r\nNOOP\r\nRSET\r\nVRFY x\r\nHELP\r\nNOOP\r\nNOOP\r\n",
+    );
+    assert_eq!(
+        codes(&out),
+        ["250", "250", "250", "252", "214", "421"],
+        "{out}"
+    );
+    assert!(out.ends_with("421 4.7.0 Too many commands, closing connection\r\n"));
+    assert!(matches!(action, Action::Close));
+}
+
+#[test]
+fn empty_bdat_chunks_count_as_junk() {
+    let mut s = session_with(junk_config(3), true);
+    let (out, action) = feed(
+        &mut s,
+        b"EHLO me\r\nMAIL FROM:<a@b.test>\r\nRCPT TO:<c@d.test>\r\nBDAT 0\r\nBDAT 0\r\nBDAT 0\r\n",
+    );
+    assert_eq!(
+        codes(&out),
+        ["250", "250", "250", "250", "250", "421"],
+        "{out}"
+    );
+    assert!(matches!(action, Action::Close));
+}
+
+#[test]
+fn an_accepted_message_resets_the_junk_count() {
+    let mut s = session_with(junk_config(3), true);
+    let (_, action) = feed(
+        &mut s,
+        b"EHLO me\r\nNOOP\r\nNOOP\r\nMAIL FROM:<a@b.test>\r\nRCPT TO:<c@d.test>\r\nDATA\r\nx\r\n.\r\n",
+    );
+    assert!(matches!(action, Action::Submit(_)));
+    s.submission_done(b"250 2.0.0 Ok: queued as X\r\n");
+    let (out, action) = feed(&mut s, b"NOOP\r\nNOOP\r\nNOOP\r\n");
+    assert_eq!(codes(&out), ["250", "250", "250", "250"], "{out}");
+    assert!(matches!(action, Action::NeedInput));
+    // A refused message does not.
+    let (_, action) = feed(&mut s, &OPEN[9..]);
+    assert!(matches!(action, Action::NeedInput));
+    let (_, action) = feed(&mut s, b"DATA\r\nx\r\n.\r\n");
+    assert!(matches!(action, Action::Submit(_)));
+    s.submission_done(b"554 5.6.0 no\r\n");
+    let (out, action) = feed(&mut s, b"NOOP\r\n");
+    assert_eq!(codes(&out), ["554", "421"], "{out}");
+    assert!(matches!(action, Action::Close));
+}
+
+fn budget_config(budget: Arc<InFlightBudget>) -> Arc<SessionConfig> {
+    let mut c = (*config()).clone();
+    c.max_message_size = 26_214_400;
+    c.budget = budget;
+    Arc::new(c)
+}
+
+#[test]
+fn bdat_memory_grows_with_bytes_received_not_announced() {
+    let budget = InFlightBudget::unlimited();
+    let mut s = open_transaction(budget_config(budget.clone()));
+    feed(&mut s, b"BDAT 26214000\r\n");
+    let (out, action) = feed(&mut s, &[b'x'; 1000]);
+    assert!(out.is_empty() && matches!(action, Action::NeedInput));
+    assert!(
+        budget.in_use() <= 64 * 1024,
+        "reserved {} for 1000 bytes",
+        budget.in_use()
+    );
+    drop(s);
+    assert_eq!(budget.in_use(), 0, "a dropped session returns its bytes");
+}
+
+#[test]
+fn over_budget_message_gets_452_at_its_end_and_the_session_goes_on() {
+    let budget = InFlightBudget::new(200_000, usize::MAX);
+    let mut s = open_transaction(budget_config(budget.clone()));
+    feed(&mut s, b"DATA\r\n");
+    let line = [&[b'y'; 998][..], b"\r\n"].concat();
+    for _ in 0..300 {
+        let (out, action) = feed(&mut s, &line);
+        assert!(
+            out.is_empty() && matches!(action, Action::NeedInput),
+            "{out}"
+        );
+    }
+    assert_eq!(budget.in_use(), 0, "the refused message holds nothing");
+    let (out, action) = feed(&mut s, b".\r\nNOOP\r\n");
+    assert_eq!(codes(&out), ["452", "250"], "{out}");
+    assert!(out.starts_with("452 4.3.1 Insufficient system storage"));
+    assert!(matches!(action, Action::NeedInput));
+    // A message that fits still goes through, and holds its bytes until the
+    // acceptance pipeline is done with it.
+    feed(&mut s, &OPEN[9..]);
+    let (_, action) = feed(&mut s, b"DATA\r\nsmall\r\n.\r\n");
+    assert!(matches!(action, Action::Submit(_)));
+    assert!(budget.in_use() > 0);
+    s.submission_done(b"250 2.0.0 Ok: queued as X\r\n");
+    assert_eq!(budget.in_use(), 0);
+}
+
+#[test]
+fn over_budget_bdat_chunk_gets_452_and_fails_the_transaction() {
+    let budget = InFlightBudget::new(100_000, usize::MAX);
+    let mut s = open_transaction(budget_config(budget.clone()));
+    let mut input = b"BDAT 150000\r\n".to_vec();
+    input.extend(std::iter::repeat_n(b'z', 150_000));
+    input.extend_from_slice(b"BDAT 1 LAST\r\nzRSET\r\n");
+    let (out, _) = feed(&mut s, &input);
+    assert_eq!(codes(&out), ["452", "503", "250"], "{out}");
+    assert_eq!(budget.in_use(), 0);
+}
+
+#[test]
+fn per_account_budget_counts_an_accounts_sessions_together() {
+    let budget = InFlightBudget::new(usize::MAX, 100_000);
+    let config = budget_config(budget.clone());
+    let login = |s: &mut Session| {
+        feed(s, b"STARTTLS\r\n");
+        s.tls_started();
+        let (_, action) = feed(s, b"EHLO me\r\nAUTH PLAIN AGFsaWNlAHB3\r\n");
+        assert!(matches!(action, Action::Authenticate { .. }));
+        s.auth_result(AuthOutcome::Success(account()));
+        feed(
+            s,
+            b"MAIL FROM:<alice@example.test>\r\nRCPT TO:<c@d.test>\r\nBDAT 60000\r\n",
+        )
+    };
+    let mut first = session_with(config.clone(), false);
+    login(&mut first);
+    let (out, _) = feed(&mut first, &[b'a'; 60_000]);
+    assert!(out.contains("250 2.0.0 60000 octets received"), "{out}");
+    let mut second = session_with(config.clone(), false);
+    login(&mut second);
+    let (out, _) = feed(&mut second, &[b'a'; 60_000]);
+    assert!(out.starts_with("452 4.3.1"), "{out}");
+    // A trusted-network session is not this account's.
+    let mut trusted = open_transaction(config);
+    let (out, _) = feed(
+        &mut trusted,
+        &[&b"BDAT 60000\r\n"[..], &[b'a'; 60_000]].concat(),
+    );
+    assert!(out.contains("60000 octets received"), "{out}");
+    let alice = budget.account_in_use("alice");
+    assert!(alice >= 60_000, "{alice}");
+    assert!(budget.in_use() >= alice + 60_000, "trusted counts globally");
+    drop((first, second, trusted));
+    assert_eq!(budget.in_use(), 0);
+}
+
+#[test]
+fn a_stuffed_dot_on_the_first_line_is_unstuffed() {
+    let mut s = open_transaction(config());
+    let (_, action) = feed(&mut s, b"DATA\r\n..x\r\n.\r\n");
+    let Action::Submit(sub) = action else {
+        panic!("expected Submit, got {action:?}");
+    };
+    assert_eq!(sub.content, b".x\r\n");
 }
 
 mod properties {

@@ -1,0 +1,219 @@
+//! Message bytes in: DATA and BDAT content into the session's buffer, under
+//! the size limit, the in-flight memory budget and the content rule (no
+//! bare CR or LF, no NUL). A refused message is swallowed to its end,
+//! storing nothing, before it is answered.
+
+use smtp_proto::request::receiver::{DataReceiver, DummyDataReceiver};
+
+use super::{Action, Refusal, Session, State};
+use crate::smtp::budget::OverBudget;
+use crate::smtp::content_check::ContentFault;
+use crate::smtp::reply::Reply;
+
+impl Session {
+    pub(super) fn data_bytes(&mut self, mut receiver: DataReceiver) -> Option<Action> {
+        let pending = self.input.len() - self.consumed;
+        if let Err(e) = self.make_room(pending) {
+            let refusal = self.over_budget(e);
+            return self.refuse_data(&receiver, false, refusal);
+        }
+        let start = self.consumed;
+        let mut bytes = self.input[start..].iter();
+        let before = bytes.len();
+        let done = receiver.ingest(&mut bytes, self.message.vec());
+        self.consumed += before - bytes.len();
+        self.content_check.feed(&self.input[start..self.consumed]);
+        if done {
+            self.content_check.finish();
+        }
+        if let Some(fault) = self.content_check.fault() {
+            let refusal = self.content_refusal(fault);
+            return self.refuse_data(&receiver, done, refusal);
+        }
+        if self.message.len() > self.config.max_message_size {
+            tracing::info!(peer = %self.peer, "message rejected: larger than SIZE limit");
+            let refusal = Refusal::keep_open(self.too_big_reply());
+            return self.refuse_data(&receiver, done, refusal);
+        }
+        if done {
+            return self.message_complete();
+        }
+        self.state = State::Data { receiver };
+        Some(Action::NeedInput)
+    }
+
+    pub(super) fn data_discard_bytes(
+        &mut self,
+        mut receiver: DummyDataReceiver,
+        mut refusal: Refusal,
+    ) -> Option<Action> {
+        let start = self.consumed;
+        let mut bytes = self.input[start..].iter();
+        let before = bytes.len();
+        let done = receiver.ingest(&mut bytes);
+        self.consumed += before - bytes.len();
+        // Still checked: where a refused message ended can be in doubt too.
+        self.content_check.feed(&self.input[start..self.consumed]);
+        if !done {
+            self.state = State::DataDiscard { receiver, refusal };
+            return Some(Action::NeedInput);
+        }
+        self.content_check.finish();
+        if let Some(ContentFault::BareLineEnding { offset }) = self.content_check.fault()
+            && !refusal.close
+        {
+            tracing::warn!(
+                peer = %self.peer,
+                offset,
+                "bare CR or LF in a refused message; closing the connection"
+            );
+            refusal.close = true;
+        }
+        self.finish_refusal(refusal)
+    }
+
+    pub(super) fn bdat_bytes(&mut self, left: usize, is_last: bool) -> Option<Action> {
+        let take = left.min(self.input.len() - self.consumed);
+        if let Err(e) = self.make_room(take) {
+            let refusal = self.over_budget(e);
+            return self.refuse_chunk(left, is_last, refusal);
+        }
+        let start = self.consumed;
+        self.consumed += take;
+        let chunk = &self.input[start..self.consumed];
+        self.message.vec().extend_from_slice(chunk);
+        self.content_check.feed(chunk);
+        let left = left - take;
+        if left == 0 && is_last {
+            self.content_check.finish();
+        }
+        if let Some(fault) = self.content_check.fault() {
+            let refusal = self.content_refusal(fault);
+            return self.refuse_chunk(left, is_last, refusal);
+        }
+        if left > 0 {
+            self.state = State::Bdat { left, is_last };
+            return Some(Action::NeedInput);
+        }
+        if is_last {
+            return self.message_complete();
+        }
+        let text = format!("{} octets received", self.message.len());
+        self.write(Reply::new(250, "2.0.0", &text));
+        None
+    }
+
+    pub(super) fn bdat_discard_bytes(&mut self, left: usize, refusal: Refusal) -> Option<Action> {
+        let take = left.min(self.input.len() - self.consumed);
+        self.consumed += take;
+        let left = left - take;
+        if left > 0 {
+            self.state = State::BdatDiscard { left, refusal };
+            return Some(Action::NeedInput);
+        }
+        self.finish_refusal(refusal)
+    }
+
+    /// Ends the transaction; the rest of the message (if not `done`) is
+    /// swallowed before the reply.
+    fn refuse_data(
+        &mut self,
+        receiver: &DataReceiver,
+        done: bool,
+        refusal: Refusal,
+    ) -> Option<Action> {
+        self.reset_transaction();
+        if done {
+            return self.finish_refusal(refusal);
+        }
+        self.state = State::DataDiscard {
+            receiver: DummyDataReceiver::new_data(receiver),
+            refusal,
+        };
+        None
+    }
+
+    /// Fails the BDAT transaction; the chunk's `left` bytes are swallowed
+    /// before the reply.
+    pub(super) fn refuse_chunk(
+        &mut self,
+        left: usize,
+        is_last: bool,
+        refusal: Refusal,
+    ) -> Option<Action> {
+        if is_last || refusal.close {
+            self.reset_transaction();
+        } else {
+            // RFC 3030 2: the client must send no more chunks; any it does
+            // get 503 until RSET.
+            self.message.clear();
+            self.bdat_failed = true;
+        }
+        if left == 0 {
+            return self.finish_refusal(refusal);
+        }
+        self.state = State::BdatDiscard { left, refusal };
+        None
+    }
+
+    fn finish_refusal(&mut self, refusal: Refusal) -> Option<Action> {
+        self.write(refusal.reply);
+        if refusal.close {
+            self.state = State::Closed;
+            return Some(Action::Close);
+        }
+        self.state = State::Command;
+        None
+    }
+
+    /// Room for `incoming` more bytes, taken from the in-flight budget
+    /// (the account's share too, for an authenticated session).
+    fn make_room(&mut self, incoming: usize) -> Result<(), OverBudget> {
+        let account = self.account.as_ref().map(|a| a.name.as_str());
+        self.message.make_room(
+            incoming,
+            self.config.max_message_size,
+            &self.config.budget,
+            account,
+        )
+    }
+
+    fn over_budget(&self, error: OverBudget) -> Refusal {
+        tracing::warn!(
+            peer = %self.peer,
+            account = ?self.account.as_ref().map(|a| &a.name),
+            received = self.message.len(),
+            %error,
+            "message refused: in-flight memory budget used up"
+        );
+        Refusal::keep_open(Reply::new(
+            452,
+            "4.3.1",
+            "Insufficient system storage, try again later",
+        ))
+    }
+
+    fn content_refusal(&self, fault: ContentFault) -> Refusal {
+        match fault {
+            ContentFault::BareLineEnding { offset } => {
+                tracing::warn!(
+                    peer = %self.peer,
+                    offset,
+                    "message refused: bare CR or LF in content; closing the connection"
+                );
+                Refusal {
+                    reply: Reply::new(
+                        554,
+                        "5.6.0",
+                        "Message contains a bare CR or LF; lines must end with CRLF",
+                    ),
+                    close: true,
+                }
+            }
+            ContentFault::Nul { offset } => {
+                tracing::warn!(peer = %self.peer, offset, "message refused: NUL byte in content");
+                Refusal::keep_open(Reply::new(554, "5.6.0", "Message contains a NUL byte"))
+            }
+        }
+    }
+}
