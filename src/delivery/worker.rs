@@ -273,8 +273,8 @@ async fn deliver_one(ctx: Arc<Ctx>, id: String, _permit: OwnedSemaphorePermit) {
     );
     for row in &plan.rows {
         tracing::info!(
-            queue_id = %id, to = %row.recipient, outcome = row.outcome.as_str(),
-            hop = row.next_hop.as_deref().unwrap_or("-"), reply = %row.reply, "delivery attempt"
+            queue_id = %id, to = ?row.recipient, outcome = row.outcome.as_str(),
+            hop = row.next_hop.as_deref().unwrap_or("-"), reply = ?row.reply, "delivery attempt"
         );
     }
     let bounce = bounce_for(&ctx, &loaded, &plan, now);
@@ -406,7 +406,7 @@ async fn record(ctx: &Arc<Ctx>, id: &str, plan: Plan, now: UnixMillis, bounce: O
         match blocking(&ctx.db, move |db| db.record(&qid, &p, now, (*b).as_ref())).await {
             Ok(Some(state)) => {
                 if let Some(dsn) = bounce.as_ref() {
-                    tracing::info!(queue_id = %id, dsn = %dsn.id, to = %dsn.recipients.join(","), "delivery status notification queued");
+                    tracing::info!(queue_id = %id, dsn = %dsn.id, to = ?dsn.recipients, "delivery status notification queued");
                 }
                 log_state(id, state, plan.next_attempt_at);
                 return;

@@ -510,6 +510,15 @@ impl Session {
         true
     }
 
+    /// A refused MAIL/RCPT moves no mail forward; a client could loop on
+    /// it forever, so it counts like NOOP (after its own reply).
+    fn count_junk(&mut self) -> Option<Action> {
+        if self.junk_limit_reached() {
+            return Some(Action::Close);
+        }
+        None
+    }
+
     /// RFC 3030 BINARYMIME is not offered in EHLO: content must be lines.
     fn refuse_binarymime(&mut self) -> Option<Action> {
         // count_bad_command logs the reply.
@@ -528,7 +537,7 @@ impl Session {
         tracing::info!(
             peer = %self.peer,
             count = self.bad_commands,
-            reply = %String::from_utf8_lossy(&body[start..]),
+            reply = ?String::from_utf8_lossy(&body[start..]),
             "bad command"
         );
         if self.bad_commands > self.config.max_bad_commands {
@@ -611,7 +620,7 @@ impl Session {
         };
         if from.size > self.config.max_message_size {
             self.write(self.too_big_reply());
-            return None;
+            return self.count_junk();
         }
         if !submitter.may_send_as_path(&from.path) {
             tracing::info!(
@@ -626,7 +635,7 @@ impl Session {
                 submitter.name()
             );
             self.write(Reply::new(553, "5.7.1", &text));
-            return None;
+            return self.count_junk();
         }
         self.envelope = Some(Envelope {
             reverse_path: from.path.as_smtp().to_owned(),
@@ -651,12 +660,15 @@ impl Session {
             return self.bad_sequence("Send MAIL first");
         };
         if envelope.recipients.iter().any(|r| r == to.as_smtp()) {
+            if self.junk_limit_reached() {
+                return Some(Action::Close);
+            }
             return self.ok("2.1.5", "Ok (duplicate recipient)");
         }
         if envelope.recipients.len() >= max {
             tracing::info!(peer = %self.peer, max, "RCPT refused: too many recipients");
             self.write(Reply::new(452, "4.5.3", "Too many recipients"));
-            return None;
+            return self.count_junk();
         }
         envelope.recipients.push(to.as_smtp().to_owned());
         self.ok("2.1.5", "Ok")

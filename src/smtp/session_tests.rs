@@ -422,6 +422,29 @@ fn junk_commands_are_limited() {
 }
 
 #[test]
+fn looping_on_refused_or_repeated_mail_and_rcpt_counts_as_junk() {
+    let mut s = session_with(junk_config(3), true);
+    let (out, action) = feed(
+        &mut s,
+        b"EHLO me\r\nMAIL FROM:<a@b.test>\r\nRCPT TO:<c@d.test>\r\nRCPT TO:<c@d.test>\r\nRCPT TO:<c@d.test>\r\nRCPT TO:<c@d.test>\r\n",
+    );
+    assert_eq!(
+        codes(&out),
+        ["250", "250", "250", "250", "250", "421"],
+        "{out}"
+    );
+    assert!(matches!(action, Action::Close));
+
+    let mut s = session_with(junk_config(2), true);
+    let (out, action) = feed(
+        &mut s,
+        b"EHLO me\r\nMAIL FROM:<a@b.test> SIZE=999999999999\r\nMAIL FROM:<a@b.test> SIZE=999999999999\r\n",
+    );
+    assert_eq!(codes(&out), ["250", "552", "552", "421"], "{out}");
+    assert!(matches!(action, Action::Close));
+}
+
+#[test]
 fn empty_bdat_chunks_count_as_junk() {
     let mut s = session_with(junk_config(3), true);
     let (out, action) = feed(
