@@ -135,6 +135,14 @@ fn init_logging() {
 fn serve(path: PathBuf) -> Result<(), String> {
     init_logging();
     let config = Config::load(&path).map_err(|e| e.to_string())?;
+    match crate::fd_limit::raise_to_hard_limit() {
+        Ok(limit) => {
+            if let Some(warning) = crate::fd_limit::shortfall(limit, config.max_connections) {
+                tracing::warn!("{warning}");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

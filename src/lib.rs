@@ -9,6 +9,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod delivery;
+pub mod fd_limit;
 pub mod idempotency;
 pub mod net;
 pub mod server;
