@@ -42,7 +42,12 @@ impl Server {
             None => None,
         };
         let shared = Arc::new(Shared {
-            acceptor: Acceptor::new(store.clone(), config.retention, config.hostname.clone()),
+            acceptor: Acceptor::new(
+                store.clone(),
+                config.retention,
+                config.hostname.clone(),
+                &config.limits,
+            )?,
             auth: Authenticator::from_config(config),
             tls: tls.clone(),
             command_timeout: config.command_timeout,
