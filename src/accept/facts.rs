@@ -16,7 +16,10 @@ pub enum Verdict {
     /// The key header is invalid (`E01001`).
     BadKey(KeyError),
     /// The MIME structure is over the limits; the message was not parsed.
-    OverLimits(MimeLimitError),
+    OverLimits {
+        error: MimeLimitError,
+        key: Option<String>,
+    },
     /// No key: processed without deduplication.
     Unkeyed,
     /// A valid key and the request's fingerprint.
@@ -34,7 +37,7 @@ impl Facts {
         let verdict = match extract_key(&sub.content) {
             Err(e) => Verdict::BadKey(e),
             Ok(key) => match (mime_limits::check(&sub.content, limits), key) {
-                (Err(e), _) => Verdict::OverLimits(e),
+                (Err(error), key) => Verdict::OverLimits { error, key },
                 (Ok(_), None) => Verdict::Unkeyed,
                 (Ok(within), Some(key)) => Verdict::Keyed(
                     key,

@@ -144,3 +144,21 @@ fn replies_name_the_account_and_the_reason() {
     }));
     assert!(rejection(&free, b"From: a@x\r\nFrom: b@y\r\n\r\n").is_none());
 }
+
+proptest::proptest! {
+    #[test]
+    fn any_bytes_are_answered_without_panic(
+        value in proptest::collection::vec(
+            proptest::prop_oneof![
+                proptest::sample::select(b"<>()\"\\@.,:; \tab\x00\x01\xc3".to_vec()),
+                proptest::prelude::any::<u8>(),
+            ],
+            0..40,
+        )
+    ) {
+        let mut m = b"From:".to_vec();
+        m.extend(value);
+        m.extend_from_slice(b"\r\n\r\n");
+        let _ = check(&alice(), &m);
+    }
+}

@@ -118,12 +118,13 @@ impl Acceptor {
             // Not stored under the key: the refusal depends only on the
             // bytes and the limits, so an identical retry gets it again, and
             // no fingerprint can be taken without the parse refused here.
-            Verdict::OverLimits(e) => {
-                tracing::info!(%workspace, %peer, error = %e, "refused: MIME limits");
+            Verdict::OverLimits { error, key } => {
+                let key = key.map_or_else(|| "-".to_owned(), |k| key_hash(&workspace, &k));
+                tracing::info!(%workspace, %key, %peer, %error, "refused: MIME limits");
                 return Reply::new(
                     554,
                     "5.6.0",
-                    &format!("Message refused: {e} (server limit)"),
+                    &format!("Message refused: {error} (server limit)"),
                 )
                 .to_bytes();
             }
