@@ -294,12 +294,20 @@ impl Walk {
             // whatever its encoding: mail-parser's decoders stop there too, or
             // fail and fall back to searching for it.
             message_parts += 1;
+            // An encoded message is decoded and parsed by mail-parser (up to
+            // MAX_NESTED_ENCODED deep): so is it here.
             let decoded = if kind == Kind::Message && encoded_depth > 0 {
                 let mut stream = MessageStream::new(raw.get(pos..).unwrap_or_default());
-                let delimiter = open.delimiter.as_deref().map_or(&b""[..], |d| &d[2..]);
+                let boundary = open
+                    .delimiter
+                    .as_deref()
+                    .and_then(|d| d.get(2..))
+                    .unwrap_or_default();
                 let (end, bytes) = match encoding {
-                    Encoding::Base64 => stream.decode_base64_mime(delimiter),
-                    _ => stream.decode_quoted_printable_mime(delimiter),
+                    Encoding::Base64 => stream.decode_base64_mime(boundary),
+                    Encoding::QuotedPrintable => stream.decode_quoted_printable_mime(boundary),
+                    // Unencoded messages were opened in place above.
+                    Encoding::None => (usize::MAX, Default::default()),
                 };
                 (end != usize::MAX).then_some(bytes)
             } else {
