@@ -23,7 +23,8 @@
 //! most `max_mime_parts` header blocks before it is refused.
 //!
 //! Besides the configured limits, two ceilings that no real mail reaches keep
-//! mail-parser's byte-at-a-time searches linear:
+//! the cost of mail-parser's byte-at-a-time searches in proportion to the
+//! message size:
 //! - a multipart whose boundary never occurs makes mail-parser scan to the end
 //!   of the message and come back; thousands of those in a large message are
 //!   quadratic. Such failed searches may add up to [`WORK_FACTOR`] times the
