@@ -442,6 +442,10 @@ pub struct Config {
     pub limits: Limits,
 }
 
+/// Deepest `limits.max_mime_depth` allowed: the parse threads' stacks are
+/// sized with room to spare for this.
+pub const MAX_MIME_DEPTH_CEILING: usize = 10_000;
+
 /// `[limits]`, validated.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -868,6 +872,12 @@ fn validate_limits(l: &RawLimits, p: &mut Problems) -> Limits {
             p.add(key, "must be greater than 0");
         }
     }
+    if l.max_mime_depth > MAX_MIME_DEPTH_CEILING {
+        p.add(
+            "limits.max_mime_depth",
+            format!("must be at most {MAX_MIME_DEPTH_CEILING}"),
+        );
+    }
     let bytes = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
     Limits {
         max_connections_per_ip: l.max_connections_per_ip,
@@ -1067,6 +1077,23 @@ mode = "pigeon"
             "relay.mode",
         ] {
             assert!(keys.contains(&key), "{key} missing from {problems:?}");
+        }
+    }
+
+    #[test]
+    fn limits_are_checked_by_key() {
+        let text = "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n[[listener]]\naddr = \"127.0.0.1:0\"\n\
+                    [[trusted_network]]\ncidr = \"127.0.0.1\"\nworkspace = \"w\"\n\
+                    [limits]\nmax_mime_depth = 10001\nmax_connections_per_ip = 0\nwrite_timeout = \"0s\"\n";
+        let err = Config::from_toml(Path::new("x.toml"), text)
+            .unwrap_err()
+            .to_string();
+        for key in [
+            "limits.max_mime_depth: must be at most 10000",
+            "limits.max_connections_per_ip: must be greater than 0",
+            "limits.write_timeout: must be greater than 0",
+        ] {
+            assert!(err.contains(key), "{key} missing from {err}");
         }
     }
 

@@ -22,6 +22,11 @@
 //! - Malformed multipart messages (mail-parser's parts do not tile the message
 //!   as a tree, nesting deeper than `MAX_MIME_DEPTH`, no boundary) are hashed
 //!   raw: deterministic, but a reordered retry of such a message differs.
+//! - mail-parser only ever sees content that passed the MIME limits
+//!   (`mime_limits::check`): its recursion on deep nesting would overflow the
+//!   stack. The acceptor checks the configured limits and refuses messages
+//!   over them before fingerprinting ([`fingerprint_checked`]); [`fingerprint`]
+//!   checks the default limits itself and hashes anything over them raw.
 //! - mail-parser's `debug_assert!`s fire on some malformed input when debug
 //!   assertions are on; we catch the panic and hash raw, while a release build
 //!   parses on. To get the same fingerprints in all builds (and no panic
@@ -34,6 +39,7 @@ use mail_parser::{Message, MessageParser, MimeHeaders, PartType};
 use sha2::{Digest, Sha256};
 
 use super::key::{field_spans, top_level_headers};
+use super::mime_limits::{self, MimeLimits, WithinLimits};
 
 pub type Fingerprint = [u8; 32];
 
@@ -54,8 +60,33 @@ const NODE_MULTIPART: u8 = 3;
 /// never comes close.
 const MAX_MIME_DEPTH: usize = 32;
 
-/// SHA-256 over the envelope and the content (SPEC section 3).
+/// SHA-256 over the envelope and the content (SPEC section 3), for content
+/// not yet checked against the MIME limits: content over the default limits
+/// is hashed raw, never parsed.
 pub fn fingerprint(reverse_path: &str, recipients: &[String], content: &[u8]) -> Fingerprint {
+    let within = if is_multipart(content) {
+        mime_limits::check(content, &MimeLimits::default()).ok()
+    } else {
+        None
+    };
+    hash(reverse_path, recipients, content, within.as_ref())
+}
+
+/// SHA-256 over the envelope and content that passed the MIME limits.
+pub fn fingerprint_checked(
+    reverse_path: &str,
+    recipients: &[String],
+    content: &WithinLimits<'_>,
+) -> Fingerprint {
+    hash(reverse_path, recipients, content.content(), Some(content))
+}
+
+fn hash(
+    reverse_path: &str,
+    recipients: &[String],
+    content: &[u8],
+    within: Option<&WithinLimits<'_>>,
+) -> Fingerprint {
     let mut h = Sha256::new();
     put(&mut h, VERSION_TAG);
     put(&mut h, reverse_path.as_bytes());
@@ -68,7 +99,7 @@ pub fn fingerprint(reverse_path: &str, recipients: &[String], content: &[u8]) ->
         put(&mut h, r.as_bytes());
     }
 
-    match canonical_mime_hash(content) {
+    match within.and_then(canonical_mime_hash) {
         Some(root) => {
             h.update([CONTENT_MIME]);
             h.update(root);
@@ -86,7 +117,8 @@ pub fn fingerprint(reverse_path: &str, recipients: &[String], content: &[u8]) ->
 /// mail-parser's view of it is not a clean tree of byte ranges covering the
 /// whole message (malformed input). Falling back to raw bytes only ever makes
 /// fingerprints *more* sensitive, never lets two different messages match.
-fn canonical_mime_hash(content: &[u8]) -> Option<[u8; 32]> {
+fn canonical_mime_hash(within: &WithinLimits<'_>) -> Option<[u8; 32]> {
+    let content = within.content();
     if !is_multipart(content) {
         return None;
     }
@@ -382,6 +414,11 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The canonical hash under the default MIME limits.
+    fn canonical(content: &[u8]) -> Option<[u8; 32]> {
+        canonical_mime_hash(&mime_limits::check(content, &MimeLimits::default()).ok()?)
+    }
+
     fn rcpts(r: &[&str]) -> Vec<String> {
         r.iter().map(|s| s.to_string()).collect()
     }
@@ -398,7 +435,7 @@ mod tests {
     /// tests below cannot pass by accident through the raw fallback.
     fn assert_mime(content: &str) {
         assert!(
-            canonical_mime_hash(content.as_bytes()).is_some(),
+            canonical(content.as_bytes()).is_some(),
             "expected the MIME path for {content:?}"
         );
     }
@@ -552,8 +589,8 @@ mod tests {
         let empty_parts = ["Content-Type: text/plain\r\n\r\n", "\r\njust body"];
         assert_mime(&multipart("multipart/mixed", "B", &empty_parts));
         // Non-multipart content never gets parsed.
-        assert!(canonical_mime_hash(b"Content-Type: text/plain\r\n\r\n--B\r\n").is_none());
-        assert!(canonical_mime_hash(b"Subject: x\r\n\r\nbody").is_none());
+        assert!(canonical(b"Content-Type: text/plain\r\n\r\n--B\r\n").is_none());
+        assert!(canonical(b"Subject: x\r\n\r\nbody").is_none());
     }
 
     #[test]
@@ -756,7 +793,7 @@ mod tests {
         for i in (0..200).rev() {
             m.push_str(&format!("--b{i}--\r\n"));
         }
-        assert!(canonical_mime_hash(m.as_bytes()).is_none());
+        assert!(canonical(m.as_bytes()).is_none());
         assert_eq!(fp(&m), fp(&m));
     }
 
@@ -818,7 +855,7 @@ mod tests {
             keyed.sort_by_key(|(k, _)| *k);
             let shuffled: Vec<Part> = keyed.into_iter().map(|(_, p)| p).collect();
             let original = render(&b1, &parts);
-            prop_assert!(canonical_mime_hash(original.as_bytes()).is_some());
+            prop_assert!(canonical(original.as_bytes()).is_some());
             prop_assert_eq!(fp(&original), fp(&render(&b2, &shuffled)));
         }
 

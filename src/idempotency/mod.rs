@@ -6,6 +6,7 @@ pub mod claims;
 pub mod decision;
 pub mod fingerprint;
 pub mod key;
+pub mod mime_limits;
 
 use sha2::{Digest, Sha256};
 

@@ -63,7 +63,12 @@ impl Server {
             None => None,
         };
         let shared = Arc::new(Shared {
-            acceptor: Acceptor::new(store.clone(), config.retention, config.hostname.clone()),
+            acceptor: Acceptor::new(
+                store.clone(),
+                config.retention,
+                config.hostname.clone(),
+                &config.limits,
+            )?,
             auth: Authenticator::from_config(config).map_err(|e| e.to_string())?,
             tls: tls.clone(),
             time_limits: TimeLimits {

@@ -50,6 +50,8 @@ pub struct Options {
     pub relay: Option<String>,
     /// A fixed address for the plaintext listener (default: ephemeral).
     pub plain_addr: Option<String>,
+    /// Extra environment for the daemon process (e.g. `TOKIO_WORKER_THREADS`).
+    pub env: Vec<(&'static str, &'static str)>,
 }
 
 impl Default for Options {
@@ -67,6 +69,7 @@ impl Default for Options {
             auth_extra: String::new(),
             relay: None,
             plain_addr: None,
+            env: Vec::new(),
         }
     }
 }
@@ -82,6 +85,7 @@ pub struct Daemon {
     /// Every bound listener, in the order of the config file.
     pub addrs: Vec<SocketAddr>,
     pub stderr_path: PathBuf,
+    pub env: Vec<(&'static str, &'static str)>,
 }
 
 pub fn repo_path(rel: &str) -> PathBuf {
@@ -92,12 +96,20 @@ impl Daemon {
     pub fn start(options: Options) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let text = config_text(&options, dir.path());
-        Self::with_config(dir, &text)
+        Self::with_config_env(dir, &text, options.env)
     }
 
     /// Runs the binary on `text` as its config file, in `dir`. Listener
     /// addresses in the order of the file are in `addrs`.
     pub fn with_config(dir: tempfile::TempDir, text: &str) -> Daemon {
+        Self::with_config_env(dir, text, Vec::new())
+    }
+
+    fn with_config_env(
+        dir: tempfile::TempDir,
+        text: &str,
+        env: Vec<(&'static str, &'static str)>,
+    ) -> Daemon {
         let config_path = dir.path().join("smtp-once.toml");
         std::fs::write(&config_path, text).expect("write config");
         let mut d = Daemon {
@@ -109,6 +121,7 @@ impl Daemon {
             plain: "127.0.0.1:1".parse().expect("addr"),
             starttls: "127.0.0.1:1".parse().expect("addr"),
             implicit: "127.0.0.1:1".parse().expect("addr"),
+            env,
         };
         d.spawn();
         d
@@ -136,6 +149,7 @@ impl Daemon {
             .args(["serve", "--config"])
             .arg(&self.config_path)
             .env("RUST_LOG", "info")
+            .envs(self.env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()

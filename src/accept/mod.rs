@@ -1,19 +1,26 @@
 //! The acceptance pipeline: what happens between the final `.` (or `BDAT
-//! LAST`) and the reply. Key, fingerprint, claim, ledger lookup, decision,
-//! then one atomic commit of ledger entry and queue row. The reply is built
-//! only from what was committed: never a `250` before COMMIT returned.
+//! LAST`) and the reply. Key, MIME limits, fingerprint, claim, ledger lookup,
+//! decision, then one atomic commit of ledger entry and queue row. The reply
+//! is built only from what was committed: never a `250` before COMMIT
+//! returned.
+//!
+//! Everything that reads the whole message (key, MIME limits, fingerprint,
+//! `From:` check: [`facts`]) runs first, on the [`pool`]'s threads, never on
+//! an async worker (except for small messages, see [`INLINE_MAX`]).
+
+mod facts;
+pub mod from_header;
+pub mod pool;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use mail_parser::MessageParser;
-
-use crate::auth::Submitter;
+use crate::config::Limits;
 use crate::idempotency::claims::Claims;
 use crate::idempotency::decision::{Decision, decide, replay_reply};
-use crate::idempotency::fingerprint::{Fingerprint, fingerprint};
-use crate::idempotency::key::extract_key;
+use crate::idempotency::fingerprint::Fingerprint;
 use crate::idempotency::key_hash;
+use crate::idempotency::mime_limits::MimeLimits;
 use crate::smtp::reply::Reply;
 use crate::smtp::session::Submission;
 use crate::store::{
@@ -22,11 +29,24 @@ use crate::store::{
 };
 use crate::trace::received_header;
 
+use facts::{Facts, Verdict};
+use from_header::FromError;
+use pool::Pool;
+
+/// Messages up to this size are looked at on the async worker: that takes
+/// microseconds, and even unchecked (32 bytes a level) they cannot nest deep
+/// enough to matter for a worker's 2 MiB stack (a debug build needs under
+/// 640 bytes a level). The pool's thread hop would cost them more than the
+/// work itself.
+const INLINE_MAX: usize = 32 * 1024;
+
 pub struct Acceptor {
     store: Arc<dyn Store>,
     claims: Claims,
     retention: Duration,
     hostname: String,
+    mime_limits: MimeLimits,
+    pool: Pool,
 }
 
 /// A key that passed validation, with the request's fingerprint.
@@ -37,13 +57,25 @@ struct Keyed {
 }
 
 impl Acceptor {
-    pub fn new(store: Arc<dyn Store>, retention: Duration, hostname: String) -> Self {
-        Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        retention: Duration,
+        hostname: String,
+        limits: &Limits,
+    ) -> Result<Self, String> {
+        let pool = Pool::start(Pool::default_threads()).map_err(|e| e.to_string())?;
+        Ok(Self {
             store,
             claims: Claims::default(),
             retention,
             hostname,
-        }
+            mime_limits: MimeLimits {
+                // config refuses a depth above MAX_MIME_DEPTH_CEILING.
+                max_depth: limits.max_mime_depth,
+                max_parts: limits.max_mime_parts,
+            },
+            pool,
+        })
     }
 
     pub fn claims(&self) -> &Claims {
@@ -53,14 +85,52 @@ impl Acceptor {
     /// Returns the complete reply (CRLF-terminated lines) for the message.
     pub async fn accept(&self, sub: Submission) -> Vec<u8> {
         let workspace = sub.submitter.workspace().to_owned();
-        let key = match extract_key(&sub.content) {
-            Ok(Some(key)) => key,
-            Ok(None) => return self.execute(sub, None).await,
+        let peer = sub.peer;
+        let limits = self.mime_limits;
+        let looked_at = if sub.content.len() <= INLINE_MAX {
+            let facts = Facts::of(&sub, &limits);
+            Ok((sub, facts))
+        } else {
+            self.pool
+                .run(move || {
+                    let facts = Facts::of(&sub, &limits);
+                    (sub, facts)
+                })
+                .await
+        };
+        let (sub, facts) = match looked_at {
+            Ok(done) => done,
             Err(e) => {
-                tracing::info!(%workspace, peer = %sub.peer, error = %e, "rejected E01001");
+                tracing::error!(%workspace, %peer, error = %e, "not accepted: message analysis failed");
+                return Reply::new(
+                    451,
+                    "4.3.0",
+                    "Temporary failure analysing the message: not accepted, retry",
+                )
+                .to_bytes();
+            }
+        };
+        let (key, fingerprint) = match facts.verdict {
+            Verdict::BadKey(e) => {
+                tracing::info!(%workspace, %peer, error = %e, "rejected E01001");
                 return Reply::new(554, "5.6.0", &format!("E01001 ValidationError: {e}"))
                     .to_bytes();
             }
+            // Not stored under the key: the refusal depends only on the
+            // bytes and the limits, so an identical retry gets it again, and
+            // no fingerprint can be taken without the parse refused here.
+            Verdict::OverLimits { error, key } => {
+                let key = key.map_or_else(|| "-".to_owned(), |k| key_hash(&workspace, &k));
+                tracing::info!(%workspace, %key, %peer, %error, "refused: MIME limits");
+                return Reply::new(
+                    554,
+                    "5.6.0",
+                    &format!("Message refused: {error} (server limit)"),
+                )
+                .to_bytes();
+            }
+            Verdict::Unkeyed => return self.execute(sub, None, facts.from_rejection).await,
+            Verdict::Keyed(key, fingerprint) => (key, fingerprint),
         };
         let hash = key_hash(&workspace, &key);
         let Some(_claim) = self.claims.try_claim(&workspace, &key) else {
@@ -68,7 +138,7 @@ impl Acceptor {
             return in_progress_reply();
         };
         let keyed = Keyed {
-            fingerprint: fingerprint(&sub.reverse_path, &sub.recipients, &sub.content),
+            fingerprint,
             key,
             hash,
         };
@@ -84,7 +154,7 @@ impl Acceptor {
             }
         };
         match decide(existing.as_ref(), &keyed.fingerprint) {
-            Decision::Execute => self.execute(sub, Some(keyed)).await,
+            Decision::Execute => self.execute(sub, Some(keyed), facts.from_rejection).await,
             Decision::Replay(entry) => {
                 tracing::info!(
                     %workspace, key = %keyed.hash, queue_id = entry.queue_id.as_deref().unwrap_or("-"),
@@ -110,14 +180,22 @@ impl Acceptor {
 
     /// Processes the message as a new operation: a permanent rejection or a
     /// queue row, recorded under the key if there is one.
-    async fn execute(&self, sub: Submission, keyed: Option<Keyed>) -> Vec<u8> {
+    async fn execute(
+        &self,
+        sub: Submission,
+        keyed: Option<Keyed>,
+        from_rejection: Option<(Reply, FromError)>,
+    ) -> Vec<u8> {
         let workspace = sub.submitter.workspace().to_owned();
         let key_log = keyed.as_ref().map_or("-", |k| k.hash.as_str()).to_owned();
         let now = now_millis();
 
-        if let Some(rejection) = from_header_rejection(&sub.submitter, &sub.content) {
+        if let Some((rejection, reason)) = from_rejection {
             let reply = rejection.to_bytes();
-            tracing::info!(%workspace, key = %key_log, code = rejection.code(), "rejected: From: header not allowed");
+            tracing::info!(
+                %workspace, key = %key_log, peer = %sub.peer, code = rejection.code(), reason = ?reason,
+                "rejected: From: header not allowed"
+            );
             if let Some(k) = keyed {
                 // A permanent decision is stored, so an identical retry
                 // gets the same answer and a corrected one needs a new key.
@@ -227,41 +305,4 @@ fn storage_failure_reply(e: &StoreError) -> Vec<u8> {
         )
         .to_bytes(),
     }
-}
-
-/// For accounts limited to some senders, every `From:` address must match.
-fn from_header_rejection(submitter: &Submitter, content: &[u8]) -> Option<Reply> {
-    let Submitter::Account(account) = submitter else {
-        return None;
-    };
-    account.allowed_senders.as_ref()?;
-    let parsed = MessageParser::new().parse_headers(content);
-    let addresses: Vec<String> = parsed
-        .as_ref()
-        .and_then(|m| m.from())
-        .map(|from| {
-            from.iter()
-                .filter_map(|a| a.address().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    if addresses.is_empty() {
-        return Some(Reply::new(
-            553,
-            "5.7.1",
-            &format!(
-                "Message has no From: address; account {} must send as an allowed sender",
-                account.name
-            ),
-        ));
-    }
-    let denied = addresses.iter().find(|a| !account.may_send_as(a))?;
-    Some(Reply::new(
-        553,
-        "5.7.1",
-        &format!(
-            "From: address <{denied}> not allowed for account {}",
-            account.name
-        ),
-    ))
 }

@@ -1,0 +1,53 @@
+//! One look at a submitted message, on a pool thread: the key, the MIME
+//! limits, the fingerprint and the `From:` check. Everything here reads the
+//! whole content and costs CPU in proportion to its size, so none of it runs
+//! on an async worker.
+
+use crate::idempotency::fingerprint::{Fingerprint, fingerprint_checked};
+use crate::idempotency::key::{KeyError, extract_key};
+use crate::idempotency::mime_limits::{self, MimeLimitError, MimeLimits};
+use crate::smtp::reply::Reply;
+use crate::smtp::session::Submission;
+
+use super::from_header::{self, FromError};
+
+/// What decides the path through the acceptance pipeline.
+pub enum Verdict {
+    /// The key header is invalid (`E01001`).
+    BadKey(KeyError),
+    /// The MIME structure is over the limits; the message was not parsed.
+    OverLimits {
+        error: MimeLimitError,
+        key: Option<String>,
+    },
+    /// No key: processed without deduplication.
+    Unkeyed,
+    /// A valid key and the request's fingerprint.
+    Keyed(String, Fingerprint),
+}
+
+pub struct Facts {
+    pub verdict: Verdict,
+    /// The `553` reply and its reason when the `From:` header is refused.
+    pub from_rejection: Option<(Reply, FromError)>,
+}
+
+impl Facts {
+    pub fn of(sub: &Submission, limits: &MimeLimits) -> Facts {
+        let verdict = match extract_key(&sub.content) {
+            Err(e) => Verdict::BadKey(e),
+            Ok(key) => match (mime_limits::check(&sub.content, limits), key) {
+                (Err(error), key) => Verdict::OverLimits { error, key },
+                (Ok(_), None) => Verdict::Unkeyed,
+                (Ok(within), Some(key)) => Verdict::Keyed(
+                    key,
+                    fingerprint_checked(&sub.reverse_path, &sub.recipients, &within),
+                ),
+            },
+        };
+        Facts {
+            verdict,
+            from_rejection: from_header::rejection(&sub.submitter, &sub.content),
+        }
+    }
+}
