@@ -10,6 +10,7 @@ pub mod config;
 pub mod delivery;
 pub mod idempotency;
 pub mod net;
+pub mod private_fs;
 pub mod server;
 pub mod smtp;
 pub mod store;

@@ -20,9 +20,13 @@ use std::time::Duration;
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::private_fs;
+
 use super::{Acceptance, BoxFuture, CommitOutcome, LedgerEntry, Store, StoreError, UnixMillis};
 
 pub const DB_FILE: &str = "smtp-once.db";
+/// SQLite's companions of the database file (same mode as the database).
+const DB_COMPANIONS: [&str; 2] = ["-wal", "-shm"];
 const LOCK_FILE: &str = "smtp-once.lock";
 /// How long a statement waits on a lock held by someone else before the
 /// ledger counts as unavailable.
@@ -43,18 +47,12 @@ impl SqliteStore {
     /// Opens (creating and migrating if needed) the store in `data_dir` and
     /// takes its exclusive lock.
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(data_dir).map_err(|e| {
-            StoreError::Unavailable(format!("cannot create {}: {e}", data_dir.display()))
-        })?;
+        private_data_dir(data_dir)?;
         let lock_path = data_dir.join(LOCK_FILE);
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| {
-                StoreError::Unavailable(format!("cannot open {}: {e}", lock_path.display()))
-            })?;
+        let cannot_open = |p: &Path, e: std::io::Error| {
+            StoreError::Unavailable(format!("cannot open {}: {e}", p.display()))
+        };
+        let lock = private_fs::open_file(&lock_path).map_err(|e| cannot_open(&lock_path, e))?;
         lock.try_lock().map_err(|_| {
             StoreError::Unavailable(format!(
                 "{} is in use by another smtp-once process (lock {} is held)",
@@ -63,6 +61,15 @@ impl SqliteStore {
             ))
         })?;
         let db_path = data_dir.join(DB_FILE);
+        // SQLite would create the database as 0644 and give the -wal and
+        // -shm files the database's mode: create it 0600 first (an empty
+        // file is an empty database), and tighten files an older version
+        // left readable.
+        private_fs::open_file(&db_path).map_err(|e| cannot_open(&db_path, e))?;
+        for suffix in DB_COMPANIONS {
+            let path = companion(&db_path, suffix);
+            private_fs::tighten(&path, private_fs::FILE_MODE).map_err(|e| cannot_open(&path, e))?;
+        }
         let mut conn = open_connection(&db_path, false).map_err(classify)?;
         schema::migrate(&mut conn).map_err(classify)?;
         // Checkpoints run on their own thread (see checkpoint.rs).
@@ -137,6 +144,30 @@ impl SqliteStore {
     pub(crate) fn stop_writer_for_test(&self) {
         self.stop_writer();
     }
+}
+
+/// Creates the data directory 0700, or tightens an existing one: it holds
+/// every accepted message, and nothing in it is meant for other users.
+fn private_data_dir(data_dir: &Path) -> Result<(), StoreError> {
+    let failed = |e: std::io::Error| {
+        StoreError::Unavailable(format!("cannot create {}: {e}", data_dir.display()))
+    };
+    if !private_fs::create_dir(data_dir).map_err(failed)?
+        && let Some(old) = private_fs::tighten(data_dir, private_fs::DIR_MODE).map_err(failed)?
+    {
+        tracing::warn!(
+            data_dir = %data_dir.display(),
+            "data_dir was mode {old:04o}; set to 0700 (it holds every accepted message)"
+        );
+    }
+    Ok(())
+}
+
+/// `smtp-once.db-wal` and friends.
+fn companion(db_path: &Path, suffix: &str) -> PathBuf {
+    let mut p = db_path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
 }
 
 fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection> {
