@@ -3,12 +3,14 @@
 //! thread, and a small pool of reader connections.
 
 mod checkpoint;
+mod identity;
 mod inspect;
 mod schema;
 #[cfg(test)]
 mod tests;
 mod writer;
 
+pub use identity::FileIdentity;
 pub use inspect::Inspector;
 pub(crate) use writer::insert_message;
 
@@ -21,6 +23,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::private_fs;
+use identity::DataDirIdentity;
 
 use super::{Acceptance, BoxFuture, CommitOutcome, LedgerEntry, Store, StoreError, UnixMillis};
 
@@ -71,6 +74,12 @@ impl SqliteStore {
             private_fs::tighten(&path, private_fs::FILE_MODE).map_err(|e| cannot_open(&path, e))?;
         }
         let mut conn = open_connection(&db_path, false).map_err(classify)?;
+        let identity = DataDirIdentity {
+            files: vec![
+                FileIdentity::of(&db_path).map_err(|e| cannot_open(&db_path, e))?,
+                FileIdentity::of_open(&lock, &lock_path).map_err(|e| cannot_open(&lock_path, e))?,
+            ],
+        };
         schema::migrate(&mut conn).map_err(classify)?;
         // Checkpoints run on their own thread (see checkpoint.rs).
         conn.pragma_update(None, "wal_autocheckpoint", 0)
@@ -80,7 +89,7 @@ impl SqliteStore {
         let (jobs, rx) = mpsc::unbounded_channel();
         let handle = std::thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || writer::run(conn, rx))
+            .spawn(move || writer::run(conn, rx, identity))
             .map_err(|e| StoreError::Unavailable(format!("cannot start writer thread: {e}")))?;
         Ok(Self {
             db_path,

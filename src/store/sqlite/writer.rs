@@ -8,6 +8,7 @@ use rusqlite::{Connection, Transaction, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::classify;
+use super::identity::DataDirIdentity;
 use crate::store::{Acceptance, CommitOutcome, NewMessage, StoreError, UnixMillis};
 
 /// Upper bound on jobs per transaction, to bound latency and memory.
@@ -88,8 +89,13 @@ impl Job {
     }
 }
 
-pub fn run(mut conn: Connection, mut jobs: mpsc::UnboundedReceiver<Job>) {
+pub fn run(
+    mut conn: Connection,
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+    identity: DataDirIdentity,
+) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
+    let mut gone = false;
     while let Some(first) = jobs.blocking_recv() {
         batch.push(first);
         while batch.len() < MAX_BATCH {
@@ -98,7 +104,28 @@ pub fn run(mut conn: Connection, mut jobs: mpsc::UnboundedReceiver<Job>) {
                 Err(_) => break,
             }
         }
-        execute_batch(&mut conn, &mut batch);
+        // A commit into a file that is no longer on disk would be lost at
+        // the next start: refuse instead. The same file back in place (a
+        // directory moved back) is ours again.
+        match identity.check() {
+            Ok(()) => {
+                if gone {
+                    tracing::warn!("the database is back at its path; accepting mail again");
+                    gone = false;
+                }
+                execute_batch(&mut conn, &mut batch);
+            }
+            Err(why) => {
+                if !gone {
+                    tracing::error!(
+                        "data directory gone: {why}; refusing mail (451) until the same files are back or the daemon restarts"
+                    );
+                    gone = true;
+                }
+                let error = || StoreError::Unavailable(format!("data directory gone: {why}"));
+                batch.drain(..).for_each(|job| job.finish(Some(error())));
+            }
+        }
     }
     tracing::debug!("ledger writer stopped");
 }
