@@ -8,7 +8,7 @@
 //! the attempt with identical bytes and key, which an idempotent next hop
 //! replays instead of delivering twice.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,6 +39,10 @@ struct Ctx {
     poll_interval: Duration,
     keep_finished: Duration,
     limiter: Limiter,
+    /// Messages with an attempt under way here, until its outcome is
+    /// recorded: never claimed again meanwhile, even past their lease (a
+    /// record that waits for a full disk can outlast it).
+    in_flight: Mutex<HashSet<String>>,
     /// TEST ONLY: see `relay.delivery_test_pause_after_send`.
     test_pause: Duration,
 }
@@ -89,6 +93,7 @@ impl Worker {
             poll_interval: d.poll_interval,
             keep_finished: d.keep_finished,
             limiter: Limiter::new(d.max_per_destination),
+            in_flight: Mutex::new(HashSet::new()),
             test_pause: d.test_pause_after_send,
         });
         if !ctx.test_pause.is_zero() {
@@ -111,6 +116,7 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration) {
     let permits = Arc::new(Semaphore::new(ctx.workers));
     let mut tasks = JoinSet::new();
     let mut next_purge = tokio::time::Instant::now();
+    let mut paused = false;
     while !*stop.borrow() {
         while tasks.try_join_next().is_some() {}
         if tokio::time::Instant::now() >= next_purge {
@@ -122,15 +128,32 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration) {
         if free > 0 {
             let now = now_millis();
             let lease_until = now.saturating_add(millis(ctx.lease));
-            match blocking(&ctx.db, move |db| db.claim(now, lease_until, free)).await {
+            let in_flight = ctx.in_flight_ids();
+            match blocking(&ctx.db, move |db| {
+                db.claim(now, lease_until, free, &in_flight)
+            })
+            .await
+            {
                 Ok(ids) => {
+                    if paused {
+                        tracing::warn!("the queue database is back; delivery resumed");
+                        paused = false;
+                    }
                     claimed = ids.len();
                     for id in ids {
                         let Ok(permit) = permits.clone().try_acquire_owned() else {
                             break;
                         };
-                        tasks.spawn(deliver_one(ctx.clone(), id, permit));
+                        let guard = InFlight::new(&ctx, &id);
+                        tasks.spawn(deliver_one(ctx.clone(), id, permit, guard));
                     }
+                }
+                Err(DeliveryError::Unavailable(why)) => {
+                    if !paused {
+                        tracing::error!("delivery paused, nothing is claimed: {why}");
+                        paused = true;
+                    }
+                    failed = true;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot claim messages");
@@ -242,7 +265,44 @@ async fn purge_finished(ctx: &Arc<Ctx>) {
     }
 }
 
-async fn deliver_one(ctx: Arc<Ctx>, id: String, _permit: OwnedSemaphorePermit) {
+impl Ctx {
+    fn in_flight_ids(&self) -> Vec<String> {
+        let set = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        set.iter().cloned().collect()
+    }
+}
+
+/// Marks a message in flight for as long as its task lives (an aborted
+/// task too).
+struct InFlight {
+    ctx: Arc<Ctx>,
+    id: String,
+}
+
+impl InFlight {
+    fn new(ctx: &Arc<Ctx>, id: &str) -> Self {
+        let mut set = ctx.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        set.insert(id.to_owned());
+        Self {
+            ctx: ctx.clone(),
+            id: id.to_owned(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut set = self.ctx.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        set.remove(&self.id);
+    }
+}
+
+async fn deliver_one(
+    ctx: Arc<Ctx>,
+    id: String,
+    _permit: OwnedSemaphorePermit,
+    _in_flight: InFlight,
+) {
     let load_id = id.clone();
     let loaded = match blocking(&ctx.db, move |db| db.load(&load_id)).await {
         Ok(Some(loaded)) => loaded,
@@ -389,16 +449,29 @@ fn bounce_for(ctx: &Ctx, loaded: &Loaded, plan: &Plan, now: UnixMillis) -> Optio
     })
 }
 
-/// Writes the attempt, retrying briefly: until it is written, the message
-/// would be attempted again when its lease expires.
+/// The longest wait between two tries of a record.
+const RECORD_RETRY_MAX: Duration = Duration::from_secs(1);
+/// How often a record that keeps failing is logged again.
+const RECORD_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Writes the attempt, retrying until it lands (a full disk, a lock held
+/// too long): until then the message stays in flight here and is not
+/// claimed again, so it is never sent twice because a record failed, and
+/// its lease is released as soon as the disk allows. Only shutdown stops
+/// the retries; the next start then repeats the attempt (the crash window).
 async fn record(ctx: &Arc<Ctx>, id: &str, plan: Plan, now: UnixMillis, bounce: Option<NewMessage>) {
     let plan = Arc::new(plan);
     let bounce = Arc::new(bounce);
-    let mut delay = Duration::from_millis(100);
-    for attempt in 1..=6 {
+    let mut delay = Duration::from_millis(50);
+    let mut failures = 0u32;
+    let mut logged: Option<tokio::time::Instant> = None;
+    loop {
         let (p, b, qid) = (plan.clone(), bounce.clone(), id.to_owned());
         match blocking(&ctx.db, move |db| db.record(&qid, &p, now, (*b).as_ref())).await {
             Ok(Some(state)) => {
+                if failures > 0 {
+                    tracing::warn!(queue_id = %id, failures, "delivery recorded after failed tries");
+                }
                 if let Some(dsn) = bounce.as_ref() {
                     tracing::info!(queue_id = %id, dsn = %dsn.id, to = %dsn.recipients.join(","), "delivery status notification queued");
                 }
@@ -409,13 +482,17 @@ async fn record(ctx: &Arc<Ctx>, id: &str, plan: Plan, now: UnixMillis, bounce: O
                 tracing::info!(queue_id = %id, "message deleted during delivery; outcome not recorded");
                 return;
             }
-            Err(e) if attempt < 6 => {
-                tracing::warn!(queue_id = %id, error = %e, "cannot record delivery; retrying");
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-            }
             Err(e) => {
-                tracing::error!(queue_id = %id, error = %e, "cannot record delivery; it will be attempted again")
+                failures += 1;
+                if logged.is_none_or(|at| at.elapsed() >= RECORD_LOG_EVERY) {
+                    tracing::error!(
+                        queue_id = %id, error = %e, failures,
+                        "cannot record delivery; retrying until it lands (not claimed again meanwhile)"
+                    );
+                    logged = Some(tokio::time::Instant::now());
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(RECORD_RETRY_MAX);
             }
         }
     }
