@@ -42,6 +42,8 @@ pub struct SqliteStore {
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     checkpointer: Mutex<Option<checkpoint::Checkpointer>>,
     readers: Mutex<Vec<Connection>>,
+    /// The database and lock files this store has open.
+    identity: DataDirIdentity,
     /// Held for the life of the store: one process per data directory.
     _lock: File,
 }
@@ -89,7 +91,10 @@ impl SqliteStore {
         let (jobs, rx) = mpsc::unbounded_channel();
         let handle = std::thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || writer::run(conn, rx, identity))
+            .spawn({
+                let identity = identity.clone();
+                move || writer::run(conn, rx, identity)
+            })
             .map_err(|e| StoreError::Unavailable(format!("cannot start writer thread: {e}")))?;
         Ok(Self {
             db_path,
@@ -97,6 +102,7 @@ impl SqliteStore {
             writer: Mutex::new(Some(handle)),
             checkpointer: Mutex::new(Some(checkpointer)),
             readers: Mutex::new(Vec::new()),
+            identity,
             _lock: lock,
         })
     }
@@ -250,6 +256,11 @@ impl Store for SqliteStore {
         now: UnixMillis,
     ) -> BoxFuture<'a, Result<Option<LedgerEntry>, StoreError>> {
         Box::pin(async move {
+            // A replay from a deleted database would repeat a 250 for a
+            // message that is already lost.
+            self.identity
+                .check()
+                .map_err(|why| StoreError::Unavailable(format!("data directory gone: {why}")))?;
             // A point read by primary key on a WAL reader never waits for
             // the writer, so it runs inline rather than on the blocking pool.
             let conn = self.reader()?;
