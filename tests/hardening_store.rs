@@ -123,6 +123,7 @@ async fn deleted_data_dir_refuses_mail_instead_of_losing_it() {
         ..Options::default()
     });
     let before = submit(&d, Some("before-rm"), "one").await;
+    assert!(!before.is_replay());
     assert_eq!(before.code, 250, "{before:?}");
     let id = before.queue_id().expect("queue id");
     wait_until("a few deferred attempts", 20, || {
@@ -132,6 +133,9 @@ async fn deleted_data_dir_refuses_mail_instead_of_losing_it() {
 
     std::fs::remove_dir_all(d.data_dir()).expect("rm -rf data_dir");
 
+    // Not even a replay: its message went with the directory.
+    let again = submit(&d, Some("before-rm"), "one").await;
+    assert_eq!(again.code, 451, "a replay after rm -rf: {again:?}");
     for i in 0..3 {
         let keyed = submit(&d, Some(&format!("after-rm-{i}")), "two").await;
         assert_eq!(keyed.code, 451, "keyed mail after rm -rf: {keyed:?}");
@@ -265,6 +269,45 @@ async fn files_are_private_whatever_the_umask() {
         "a warning names the loose outbox:\n{}",
         d.log()
     );
+}
+
+/// A local user who can write to a shared outbox plants the temporary
+/// name of a message (its queue id is in the 250) as a symlink: the daemon
+/// must not write the message through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_symlink_planted_in_the_outbox_is_not_followed() {
+    let d = Daemon::start(Options {
+        extra: FAST.to_string(),
+        ..Options::default()
+    });
+    let outbox = d.outbox();
+    let away = d.dir.path().join("outbox.away");
+    std::fs::rename(&outbox, &away).expect("mv outbox");
+    std::fs::write(&outbox, b"not a folder").expect("block the outbox");
+    let r = submit(&d, Some("planted"), "secret").await;
+    assert_eq!(r.code, 250, "{r:?}");
+    let id = r.queue_id().expect("queue id");
+    wait_until("a deferred attempt", 20, || {
+        (attempts_logged(&d, &id) >= 1).then_some(())
+    })
+    .await;
+
+    let victim = d.dir.path().join("victim");
+    std::fs::write(&victim, b"precious").expect("victim");
+    std::fs::remove_file(&outbox).expect("unblock");
+    std::os::unix::fs::symlink(&victim, away.join(format!(".{id}.eml.tmp"))).expect("plant");
+    std::fs::rename(&away, &outbox).expect("mv back");
+
+    let eml = outbox.join(format!("{id}.eml"));
+    wait_until("the .eml", 20, || eml.exists().then_some(())).await;
+    assert_eq!(
+        std::fs::read_to_string(&victim).expect("victim"),
+        "precious",
+        "written through the symlink"
+    );
+    let meta = std::fs::symlink_metadata(&eml).expect("eml");
+    assert!(meta.file_type().is_file(), "{id}.eml is a regular file");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
 }
 
 // ------------------------------------------------------------- full disk
