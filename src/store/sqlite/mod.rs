@@ -161,18 +161,19 @@ impl SqliteStore {
     }
 }
 
-/// Creates the data directory 0700, or tightens an existing one: it holds
-/// every accepted message, and nothing in it is meant for other users.
+/// Creates the data directory 0700. An existing one keeps its mode: it may
+/// be a folder shared with other things (even `/tmp` by mistake), and
+/// chmod on it could break them; the files in it are 0600 either way.
 fn private_data_dir(data_dir: &Path) -> Result<(), StoreError> {
     let failed = |e: std::io::Error| {
         StoreError::Unavailable(format!("cannot create {}: {e}", data_dir.display()))
     };
     if !private_fs::create_dir(data_dir).map_err(failed)?
-        && let Some(old) = private_fs::tighten(data_dir, private_fs::DIR_MODE).map_err(failed)?
+        && let Some(mode) = private_fs::shared_mode(data_dir).map_err(failed)?
     {
         tracing::warn!(
             data_dir = %data_dir.display(),
-            "data_dir was mode {old:04o}; set to 0700 (it holds every accepted message)"
+            "data_dir is mode {mode:04o}: other users can enter it (the files in it are 0600); left as set"
         );
     }
     Ok(())
