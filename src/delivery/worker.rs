@@ -73,12 +73,6 @@ impl Worker {
                 .await
                 .map_err(|e| DeliveryError::Join(e.to_string()))??,
         );
-        // The store holds this data directory's lock, so any lease in it
-        // belongs to a process that is gone: no need to wait for expiry.
-        let released = blocking(&db, |db| db.release_all(now_millis())).await?;
-        if released > 0 {
-            tracing::info!(released, "took back messages a previous run was delivering");
-        }
         let d = &config.delivery;
         let ctx = Arc::new(Ctx {
             db,
@@ -100,7 +94,12 @@ impl Worker {
             tracing::warn!(pause = ?ctx.test_pause, "relay.delivery_test_pause_after_send is set: TEST ONLY");
         }
         let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(run(ctx, stop_rx, config.shutdown_grace));
+        // The store holds this data directory's lock, so any lease in it
+        // belongs to a process that is gone: no need to wait for expiry.
+        // On a full disk this write fails; the daemon still starts (and
+        // answers 451) and the loop takes the leases back once it can.
+        let released = take_back_leases(&ctx, true).await;
+        let task = tokio::spawn(run(ctx, stop_rx, config.shutdown_grace, released));
         Ok(Worker { stop, task })
     }
 
@@ -112,7 +111,27 @@ impl Worker {
     }
 }
 
-async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration) {
+/// Releases every lease a previous run left; false if it could not (said
+/// once, at start; the loop's retries are quiet).
+async fn take_back_leases(ctx: &Arc<Ctx>, first: bool) -> bool {
+    match blocking(&ctx.db, |db| db.release_all(now_millis())).await {
+        Ok(0) => true,
+        Ok(released) => {
+            tracing::info!(released, "took back messages a previous run was delivering");
+            true
+        }
+        Err(e) if first => {
+            tracing::error!(error = %e, "cannot take back the previous run's leases; delivery waits until it can");
+            false
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "still cannot take back the previous run's leases");
+            false
+        }
+    }
+}
+
+async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mut released: bool) {
     let permits = Arc::new(Semaphore::new(ctx.workers));
     let mut tasks = JoinSet::new();
     let mut next_purge = tokio::time::Instant::now();
@@ -125,7 +144,13 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration) {
         }
         let free = permits.available_permits();
         let (mut claimed, mut failed) = (0, false);
-        if free > 0 {
+        // Claims skip leased messages, so the previous run's leases go
+        // first or those messages would wait for them to expire.
+        if !released {
+            released = take_back_leases(&ctx, false).await;
+            failed = !released;
+        }
+        if free > 0 && released {
             let now = now_millis();
             let lease_until = now.saturating_add(millis(ctx.lease));
             let in_flight = ctx.in_flight_ids();
