@@ -480,3 +480,61 @@ async fn full_disk_recovers_as_soon_as_space_is_back() {
         .collect();
     assert!(temps.is_empty(), "temporary files left: {temps:?}");
 }
+
+/// A restart while the disk is full (a crash, or an operator restarting
+/// to "fix" it) must come up answering 451, then take back the leases of
+/// the previous run and deliver as soon as there is room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_on_a_full_disk_comes_up_and_recovers() {
+    let mut d = Daemon::start(Options {
+        extra: format!("{FAST}delivery_test_pause_after_send = \"30s\"\n"),
+        ..Options::default()
+    });
+    d.kill9();
+    std::fs::remove_dir_all(d.data_dir()).expect("rm data");
+    let mount = Tmpfs::mount(&d.data_dir(), "4m");
+    d.spawn();
+    let r = submit(&d, Some("leased"), "killed mid-delivery").await;
+    assert_eq!(r.code, 250, "{r:?}");
+    let id = r.queue_id().expect("queue id");
+    wait_until("the delivery", 20, || {
+        d.log().contains("test pause after send").then_some(())
+    })
+    .await;
+    d.kill9(); // leaves the message `delivering` under a 30-minute lease
+    let filler = mount.0.join("filler");
+    fill(&filler);
+
+    // Without the pause this time: the next delivery records at once.
+    let config = std::fs::read_to_string(&d.config_path).expect("config");
+    let config = config.replace("delivery_test_pause_after_send = \"30s\"\n", "");
+    std::fs::write(&d.config_path, config).expect("config");
+    d.spawn();
+    let r = submit(&d, Some("while-full"), "full").await;
+    assert_eq!(r.code, 451, "{r:?}");
+
+    std::fs::remove_file(&filler).expect("free the space");
+    let freed = Instant::now();
+    let r = loop {
+        let r = submit(&d, Some("after-free"), "space is back").await;
+        if r.code == 250 || freed.elapsed() > Duration::from_secs(30) {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(r.code, 250, "{r:?}");
+    let eml = d.outbox().join(format!("{id}.eml"));
+    wait_until("the leased message to be delivered", 30, || {
+        let state: String = d
+            .db()
+            .query_row("SELECT state FROM queue WHERE id = ?1", [&id], |r| r.get(0))
+            .expect("row");
+        (state == "delivered").then_some(())
+    })
+    .await;
+    assert!(eml.exists());
+    println!(
+        "figure: leased message of the previous run delivered {:?} after freeing space",
+        freed.elapsed()
+    );
+}
