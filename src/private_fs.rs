@@ -1,6 +1,8 @@
 //! Folders and files that only the daemon's own user may read: the queue
 //! database and the messages written in file mode. The mode is set with
-//! chmod after creation, so no umask can widen (or narrow) it.
+//! chmod after creation, so no umask can widen (or narrow) it. Files are
+//! opened without following symlinks: in a folder other users can write
+//! to, a planted link must not make us chmod (or write) its target.
 
 use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
 use std::io;
@@ -30,22 +32,29 @@ pub fn shared_mode(path: &Path) -> io::Result<Option<u32>> {
     Ok((mode & 0o077 != 0).then_some(mode))
 }
 
-/// Sets `path` to `mode` if group or others have access; returns the mode
-/// it had. A missing file is left missing.
+/// Sets the file at `path` to `mode` if group or others have access;
+/// returns the mode it had. A missing file is left missing; a symlink is
+/// an error.
 pub fn tighten(path: &Path, mode: u32) -> io::Result<Option<u32>> {
-    match shared_mode(path) {
-        Ok(Some(old)) => {
-            fs::set_permissions(path, Permissions::from_mode(mode))?;
-            Ok(Some(old))
-        }
-        Ok(None) => Ok(None),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(no_follow())
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(symlink_said(e)),
+    };
+    let old = file.metadata()?.permissions().mode() & 0o777;
+    if old & 0o077 == 0 {
+        return Ok(None);
     }
+    file.set_permissions(Permissions::from_mode(mode))?;
+    Ok(Some(old))
 }
 
 /// Opens (creating if needed, never truncating) a read-write file that is
-/// 0600 once this returns, whatever mode it had.
+/// 0600 once this returns, whatever mode it had. A symlink is an error.
 pub fn open_file(path: &Path) -> io::Result<File> {
     let file = OpenOptions::new()
         .read(true)
@@ -53,7 +62,9 @@ pub fn open_file(path: &Path) -> io::Result<File> {
         .create(true)
         .truncate(false)
         .mode(FILE_MODE)
-        .open(path)?;
+        .custom_flags(no_follow())
+        .open(path)
+        .map_err(symlink_said)?;
     file.set_permissions(Permissions::from_mode(FILE_MODE))?;
     Ok(file)
 }
@@ -68,6 +79,21 @@ pub fn create_new_file(path: &Path) -> io::Result<File> {
         .open(path)?;
     file.set_permissions(Permissions::from_mode(FILE_MODE))?;
     Ok(file)
+}
+
+/// `O_NOFOLLOW`: opening a symlink fails (ELOOP).
+fn no_follow() -> i32 {
+    // The flag is a small positive constant.
+    rustix::fs::OFlags::NOFOLLOW.bits() as i32
+}
+
+/// ELOOP from `O_NOFOLLOW`, in words.
+fn symlink_said(e: io::Error) -> io::Error {
+    if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
+        io::Error::new(e.kind(), "is a symlink, which is not followed here")
+    } else {
+        e
+    }
 }
 
 #[cfg(test)]
@@ -100,17 +126,24 @@ mod tests {
         open_file(&f).expect("open");
         assert_eq!(mode(&f), 0o600);
         assert_eq!(fs::read(&f).expect("read"), b"x", "never truncated");
+        fs::set_permissions(&f, Permissions::from_mode(0o644)).expect("chmod");
+        assert_eq!(tighten(&f, FILE_MODE).expect("tighten"), Some(0o644));
+        assert_eq!(mode(&f), 0o600);
     }
 
     #[test]
-    fn a_new_file_never_follows_a_planted_symlink() {
+    fn planted_symlinks_are_never_followed() {
         let tmp = tempfile::tempdir().expect("tmp");
         let target = tmp.path().join("target");
         fs::write(&target, b"keep").expect("write");
         let link = tmp.path().join("link");
         std::os::unix::fs::symlink(&target, &link).expect("symlink");
+        fs::set_permissions(&target, Permissions::from_mode(0o644)).expect("chmod");
         assert!(create_new_file(&link).is_err());
+        assert!(open_file(&link).is_err());
+        assert!(tighten(&link, FILE_MODE).is_err());
         assert_eq!(fs::read(&target).expect("read"), b"keep");
+        assert_eq!(mode(&target), 0o644, "the target's mode is untouched");
         let new = tmp.path().join("new");
         create_new_file(&new).expect("create");
         assert_eq!(mode(&new), 0o600);

@@ -273,6 +273,63 @@ async fn files_are_private_whatever_the_umask() {
     }
 }
 
+/// In a data directory other users can write to, a lock or database
+/// name planted as a symlink must not make the daemon chmod or open the
+/// target: it refuses to start and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_symlink_planted_in_a_shared_data_dir_is_refused() {
+    let mut d = Daemon::start(Options::default());
+    d.kill9();
+    let data = d.data_dir();
+    std::fs::remove_dir_all(&data).expect("rm data");
+    std::fs::create_dir(&data).expect("mkdir");
+    chmod(&data, 0o777);
+    let victim = d.dir.path().join("victim");
+    std::fs::write(&victim, b"precious").expect("victim");
+    chmod(&victim, 0o644);
+    for planted in ["smtp-once.lock", "smtp-once.db"] {
+        let link = data.join(planted);
+        std::os::unix::fs::symlink(&victim, &link).expect("plant");
+        let mut child = Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(&d.config_path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut stderr);
+        }
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "started over a planted {planted}: {stderr}"
+        );
+        assert!(
+            stderr.contains(planted) && stderr.contains("symlink"),
+            "{stderr}"
+        );
+        assert_eq!(mode(&victim), 0o644, "{planted}: the target's mode");
+        assert_eq!(
+            std::fs::read_to_string(&victim).expect("victim"),
+            "precious"
+        );
+        std::fs::remove_file(&link).expect("unplant");
+    }
+}
+
 /// A local user who can write to a shared outbox plants the temporary
 /// name of a message (its queue id is in the 250) as a symlink: the daemon
 /// must not write the message through it.
