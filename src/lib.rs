@@ -12,6 +12,7 @@ pub mod delivery;
 pub mod fd_limit;
 pub mod idempotency;
 pub mod net;
+pub mod private_fs;
 pub mod server;
 pub mod smtp;
 pub mod store;

@@ -3,12 +3,18 @@
 //! so a reader never sees a partial file and a crash leaves either nothing
 //! or the whole message. Writing it again after a crash replaces the file
 //! with identical bytes: still exactly one copy.
+//!
+//! Messages are private: each file is 0600 and a folder we create is 0700,
+//! whatever the umask. A folder that already exists keeps the mode the
+//! operator gave it (another program may read it), with a warning when
+//! other users can enter it.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::transport::Outgoing;
 use super::{DeliveryError, RcptResult, Status};
+use crate::private_fs;
 
 const TEMP_SUFFIX: &str = ".eml.tmp";
 
@@ -19,8 +25,16 @@ pub struct FileTransport {
 impl FileTransport {
     /// Creates the folder, and removes temporary files a crash left behind.
     pub fn new(dir: &Path) -> Result<Self, DeliveryError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| DeliveryError::Setup(format!("relay.dir {}: {e}", dir.display())))?;
+        let setup =
+            |e: std::io::Error| DeliveryError::Setup(format!("relay.dir {}: {e}", dir.display()));
+        if !private_fs::create_dir(dir).map_err(setup)?
+            && let Some(mode) = private_fs::shared_mode(dir).map_err(setup)?
+        {
+            tracing::warn!(
+                dir = %dir.display(),
+                "relay.dir is mode {mode:04o}: other users can enter it (each message file is 0600); left as set"
+            );
+        }
         if let Ok(entries) = std::fs::read_dir(dir) {
             for entry in entries.flatten() {
                 let name = entry.file_name();
@@ -83,7 +97,13 @@ fn write_atomically(dir: &Path, id: &str, bytes: &[u8]) -> std::io::Result<PathB
     let final_path = dir.join(format!("{id}.eml"));
     let temp_path = dir.join(format!(".{id}{TEMP_SUFFIX}"));
     let result = (|| {
-        let mut file = std::fs::File::create(&temp_path)?;
+        // A stale temporary file (an attempt cut off mid-write) goes first;
+        // the new one is created fresh, never through a planted symlink.
+        match std::fs::remove_file(&temp_path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let mut file = private_fs::create_new_file(&temp_path)?;
         file.write_all(bytes)?;
         file.sync_all()?;
         drop(file);

@@ -14,13 +14,16 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 use super::DeliveryError;
 use super::plan::{Outcome, Plan};
 use super::transport::Outgoing;
-use crate::store::sqlite::DB_FILE;
+use crate::store::sqlite::{DB_FILE, FileIdentity};
 use crate::store::{MessageState, NewMessage, UnixMillis};
 
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct QueueDb {
     conn: Mutex<Connection>,
+    /// The database file this connection has open, to notice that it was
+    /// deleted or replaced before claiming anything from it.
+    identity: FileIdentity,
 }
 
 /// A claimed message with what delivery needs.
@@ -62,8 +65,16 @@ impl QueueDb {
             &path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
+        let identity = FileIdentity::of(&path).map_err(|e| {
+            DeliveryError::Unavailable(format!("cannot open {}: {e}", path.display()))
+        })?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
+        // The daemon's checkpoint thread copies the WAL back, and does so
+        // only when the disk has room for it (see the store's
+        // checkpoint.rs); a checkpoint inside a commit here would take
+        // space freed on a full disk before any commit could use it.
+        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         // FULL: a recorded delivery survives power loss, so it is never
         // repeated after a restart.
         conn.pragma_update(None, "synchronous", "FULL")?;
@@ -80,6 +91,7 @@ impl QueueDb {
         }
         Ok(Self {
             conn: Mutex::new(conn),
+            identity,
         })
     }
 
@@ -147,13 +159,19 @@ impl QueueDb {
     }
 
     /// Claims up to `limit` due messages until `lease_until`; returns their
-    /// ids, oldest due first.
+    /// ids, oldest due first. Messages still `in_flight` here (an attempt
+    /// whose outcome is not recorded yet, even past its lease) are never
+    /// claimed again.
     pub fn claim(
         &self,
         now: UnixMillis,
         lease_until: UnixMillis,
         limit: usize,
+        in_flight: &[String],
     ) -> Result<Vec<String>, DeliveryError> {
+        // Claiming from a deleted database would deliver mail whose
+        // outcome is lost with it.
+        self.identity.check().map_err(DeliveryError::Unavailable)?;
         let conn = self.conn();
         let due: bool = conn.query_row(
             "SELECT EXISTS(SELECT 1 FROM queue
@@ -167,16 +185,19 @@ impl QueueDb {
             return Ok(Vec::new());
         }
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        // Ids are base32, so a newline-delimited list is matched exactly.
+        let in_flight = in_flight.join("\n");
         let mut stmt = conn.prepare_cached(
             "UPDATE queue SET state = 'delivering', lease_until = ?2, updated_at = ?1
              WHERE id IN (SELECT id FROM queue
-               WHERE (state IN ('queued', 'deferred') AND next_attempt_at <= ?1)
-                  OR (state = 'delivering' AND lease_until <= ?1)
+               WHERE ((state IN ('queued', 'deferred') AND next_attempt_at <= ?1)
+                   OR (state = 'delivering' AND lease_until <= ?1))
+                 AND instr(char(10) || ?4 || char(10), char(10) || id || char(10)) = 0
                ORDER BY next_attempt_at LIMIT ?3)
              RETURNING id, next_attempt_at",
         )?;
         let mut claimed = stmt
-            .query_map(params![now, lease_until, limit], |r| {
+            .query_map(params![now, lease_until, limit, in_flight], |r| {
                 Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
             })?
             .collect::<Result<Vec<_>, _>>()?;
@@ -370,16 +391,29 @@ mod tests {
     fn a_lease_keeps_others_away_until_it_expires() {
         let (_dir, db) = setup();
         assert!(
-            db.claim(99, 1000, 10).expect("claim").is_empty(),
+            db.claim(99, 1000, 10, &[]).expect("claim").is_empty(),
             "not due yet"
         );
-        assert_eq!(db.claim(100, 1000, 10).expect("claim"), ["Q1"]);
-        assert!(db.claim(999, 2000, 10).expect("claim").is_empty(), "leased");
+        assert_eq!(db.claim(100, 1000, 10, &[]).expect("claim"), ["Q1"]);
+        assert!(
+            db.claim(999, 2000, 10, &[]).expect("claim").is_empty(),
+            "leased"
+        );
         assert_eq!(db.next_due().expect("due"), Some(1000));
         assert_eq!(
-            db.claim(1000, 3000, 10).expect("claim"),
+            db.claim(1000, 3000, 10, &[]).expect("claim"),
             ["Q1"],
             "lease expired"
+        );
+        assert!(
+            db.claim(3000, 4000, 10, &["Q1".to_owned()])
+                .expect("claim")
+                .is_empty(),
+            "lease expired but its attempt is still in flight here"
+        );
+        assert_eq!(
+            db.claim(3000, 4000, 10, &["Q0".to_owned()]).expect("claim"),
+            ["Q1"]
         );
         assert_eq!(db.release_all(1500).expect("release"), 1);
         let (state, next): (String, i64) = db
@@ -394,7 +428,7 @@ mod tests {
     #[test]
     fn delivered_recipients_are_never_pending_again() {
         let (_dir, db) = setup();
-        db.claim(100, 1000, 10).expect("claim");
+        db.claim(100, 1000, 10, &[]).expect("claim");
         let policy = Policy {
             retry_schedule: vec![Duration::from_secs(1)],
             max_age: Duration::from_secs(3600),
@@ -413,7 +447,7 @@ mod tests {
         assert_eq!(loaded.attempts, 1);
 
         // Held while the next attempt runs: a deferral keeps it held.
-        db.claim(1200, 5000, 10).expect("claim");
+        db.claim(1200, 5000, 10, &[]).expect("claim");
         db.hold("Q1", 1300).expect("hold");
         let p = plan(
             &policy,

@@ -8,7 +8,7 @@
 //! the attempt with identical bytes and key, which an idempotent next hop
 //! replays instead of delivering twice.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,6 +39,10 @@ struct Ctx {
     poll_interval: Duration,
     keep_finished: Duration,
     limiter: Limiter,
+    /// Messages with an attempt under way here, until its outcome is
+    /// recorded: never claimed again meanwhile, even past their lease (a
+    /// record that waits for a full disk can outlast it).
+    in_flight: Mutex<HashSet<String>>,
     /// TEST ONLY: see `relay.delivery_test_pause_after_send`.
     test_pause: Duration,
 }
@@ -69,12 +73,6 @@ impl Worker {
                 .await
                 .map_err(|e| DeliveryError::Join(e.to_string()))??,
         );
-        // The store holds this data directory's lock, so any lease in it
-        // belongs to a process that is gone: no need to wait for expiry.
-        let released = blocking(&db, |db| db.release_all(now_millis())).await?;
-        if released > 0 {
-            tracing::info!(released, "took back messages a previous run was delivering");
-        }
         let d = &config.delivery;
         let ctx = Arc::new(Ctx {
             db,
@@ -89,13 +87,19 @@ impl Worker {
             poll_interval: d.poll_interval,
             keep_finished: d.keep_finished,
             limiter: Limiter::new(d.max_per_destination),
+            in_flight: Mutex::new(HashSet::new()),
             test_pause: d.test_pause_after_send,
         });
         if !ctx.test_pause.is_zero() {
             tracing::warn!(pause = ?ctx.test_pause, "relay.delivery_test_pause_after_send is set: TEST ONLY");
         }
         let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(run(ctx, stop_rx, config.shutdown_grace));
+        // The store holds this data directory's lock, so any lease in it
+        // belongs to a process that is gone: no need to wait for expiry.
+        // On a full disk this write fails; the daemon still starts (and
+        // answers 451) and the loop takes the leases back once it can.
+        let released = take_back_leases(&ctx, true).await;
+        let task = tokio::spawn(run(ctx, stop_rx, config.shutdown_grace, released));
         Ok(Worker { stop, task })
     }
 
@@ -107,10 +111,31 @@ impl Worker {
     }
 }
 
-async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration) {
+/// Releases every lease a previous run left; false if it could not (said
+/// once, at start; the loop's retries are quiet).
+async fn take_back_leases(ctx: &Arc<Ctx>, first: bool) -> bool {
+    match blocking(&ctx.db, |db| db.release_all(now_millis())).await {
+        Ok(0) => true,
+        Ok(released) => {
+            tracing::info!(released, "took back messages a previous run was delivering");
+            true
+        }
+        Err(e) if first => {
+            tracing::error!(error = %e, "cannot take back the previous run's leases; delivery waits until it can");
+            false
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "still cannot take back the previous run's leases");
+            false
+        }
+    }
+}
+
+async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mut released: bool) {
     let permits = Arc::new(Semaphore::new(ctx.workers));
     let mut tasks = JoinSet::new();
     let mut next_purge = tokio::time::Instant::now();
+    let mut paused = false;
     while !*stop.borrow() {
         while tasks.try_join_next().is_some() {}
         if tokio::time::Instant::now() >= next_purge {
@@ -119,18 +144,41 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration) {
         }
         let free = permits.available_permits();
         let (mut claimed, mut failed) = (0, false);
-        if free > 0 {
+        // Claims skip leased messages, so the previous run's leases go
+        // first or those messages would wait for them to expire.
+        if !released {
+            released = take_back_leases(&ctx, false).await;
+            failed = !released;
+        }
+        if free > 0 && released {
             let now = now_millis();
             let lease_until = now.saturating_add(millis(ctx.lease));
-            match blocking(&ctx.db, move |db| db.claim(now, lease_until, free)).await {
+            let in_flight = ctx.in_flight_ids();
+            match blocking(&ctx.db, move |db| {
+                db.claim(now, lease_until, free, &in_flight)
+            })
+            .await
+            {
                 Ok(ids) => {
+                    if paused {
+                        tracing::warn!("the queue database is back; delivery resumed");
+                        paused = false;
+                    }
                     claimed = ids.len();
                     for id in ids {
                         let Ok(permit) = permits.clone().try_acquire_owned() else {
                             break;
                         };
-                        tasks.spawn(deliver_one(ctx.clone(), id, permit));
+                        let guard = InFlight::new(&ctx, &id);
+                        tasks.spawn(deliver_one(ctx.clone(), id, permit, guard));
                     }
+                }
+                Err(DeliveryError::Unavailable(why)) => {
+                    if !paused {
+                        tracing::error!("delivery paused, nothing is claimed: {why}");
+                        paused = true;
+                    }
+                    failed = true;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot claim messages");
@@ -242,7 +290,44 @@ async fn purge_finished(ctx: &Arc<Ctx>) {
     }
 }
 
-async fn deliver_one(ctx: Arc<Ctx>, id: String, _permit: OwnedSemaphorePermit) {
+impl Ctx {
+    fn in_flight_ids(&self) -> Vec<String> {
+        let set = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        set.iter().cloned().collect()
+    }
+}
+
+/// Marks a message in flight for as long as its task lives (an aborted
+/// task too).
+struct InFlight {
+    ctx: Arc<Ctx>,
+    id: String,
+}
+
+impl InFlight {
+    fn new(ctx: &Arc<Ctx>, id: &str) -> Self {
+        let mut set = ctx.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        set.insert(id.to_owned());
+        Self {
+            ctx: ctx.clone(),
+            id: id.to_owned(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut set = self.ctx.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        set.remove(&self.id);
+    }
+}
+
+async fn deliver_one(
+    ctx: Arc<Ctx>,
+    id: String,
+    _permit: OwnedSemaphorePermit,
+    _in_flight: InFlight,
+) {
     let load_id = id.clone();
     let loaded = match blocking(&ctx.db, move |db| db.load(&load_id)).await {
         Ok(Some(loaded)) => loaded,
@@ -395,16 +480,29 @@ fn bounce_for(ctx: &Ctx, loaded: &Loaded, plan: &Plan, now: UnixMillis) -> Optio
     })
 }
 
-/// Writes the attempt, retrying briefly: until it is written, the message
-/// would be attempted again when its lease expires.
+/// The longest wait between two tries of a record.
+const RECORD_RETRY_MAX: Duration = Duration::from_secs(1);
+/// How often a record that keeps failing is logged again.
+const RECORD_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Writes the attempt, retrying until it lands (a full disk, a lock held
+/// too long): until then the message stays in flight here and is not
+/// claimed again, so it is never sent twice because a record failed, and
+/// its lease is released as soon as the disk allows. Only shutdown stops
+/// the retries; the next start then repeats the attempt (the crash window).
 async fn record(ctx: &Arc<Ctx>, id: &str, plan: Plan, now: UnixMillis, bounce: Option<NewMessage>) {
     let plan = Arc::new(plan);
     let bounce = Arc::new(bounce);
-    let mut delay = Duration::from_millis(100);
-    for attempt in 1..=6 {
+    let mut delay = Duration::from_millis(50);
+    let mut failures = 0u32;
+    let mut logged: Option<tokio::time::Instant> = None;
+    loop {
         let (p, b, qid) = (plan.clone(), bounce.clone(), id.to_owned());
         match blocking(&ctx.db, move |db| db.record(&qid, &p, now, (*b).as_ref())).await {
             Ok(Some(state)) => {
+                if failures > 0 {
+                    tracing::warn!(queue_id = %id, failures, "delivery recorded after failed tries");
+                }
                 if let Some(dsn) = bounce.as_ref() {
                     tracing::info!(queue_id = %id, dsn = %dsn.id, to = ?dsn.recipients, "delivery status notification queued");
                 }
@@ -415,13 +513,17 @@ async fn record(ctx: &Arc<Ctx>, id: &str, plan: Plan, now: UnixMillis, bounce: O
                 tracing::info!(queue_id = %id, "message deleted during delivery; outcome not recorded");
                 return;
             }
-            Err(e) if attempt < 6 => {
-                tracing::warn!(queue_id = %id, error = %e, "cannot record delivery; retrying");
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-            }
             Err(e) => {
-                tracing::error!(queue_id = %id, error = %e, "cannot record delivery; it will be attempted again")
+                failures += 1;
+                if logged.is_none_or(|at| at.elapsed() >= RECORD_LOG_EVERY) {
+                    tracing::error!(
+                        queue_id = %id, error = %e, failures,
+                        "cannot record delivery; retrying until it lands (not claimed again meanwhile)"
+                    );
+                    logged = Some(tokio::time::Instant::now());
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(RECORD_RETRY_MAX);
             }
         }
     }

@@ -3,12 +3,14 @@
 //! thread, and a small pool of reader connections.
 
 mod checkpoint;
+mod identity;
 mod inspect;
 mod schema;
 #[cfg(test)]
 mod tests;
 mod writer;
 
+pub use identity::FileIdentity;
 pub use inspect::Inspector;
 pub(crate) use writer::insert_message;
 
@@ -20,9 +22,14 @@ use std::time::Duration;
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::private_fs;
+use identity::DataDirIdentity;
+
 use super::{Acceptance, BoxFuture, CommitOutcome, LedgerEntry, Store, StoreError, UnixMillis};
 
 pub const DB_FILE: &str = "smtp-once.db";
+/// SQLite's companions of the database file (same mode as the database).
+const DB_COMPANIONS: [&str; 2] = ["-wal", "-shm"];
 const LOCK_FILE: &str = "smtp-once.lock";
 /// How long a statement waits on a lock held by someone else before the
 /// ledger counts as unavailable.
@@ -35,6 +42,8 @@ pub struct SqliteStore {
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     checkpointer: Mutex<Option<checkpoint::Checkpointer>>,
     readers: Mutex<Vec<Connection>>,
+    /// The database and lock files this store has open.
+    identity: DataDirIdentity,
     /// Held for the life of the store: one process per data directory.
     _lock: File,
 }
@@ -43,18 +52,12 @@ impl SqliteStore {
     /// Opens (creating and migrating if needed) the store in `data_dir` and
     /// takes its exclusive lock.
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(data_dir).map_err(|e| {
-            StoreError::Unavailable(format!("cannot create {}: {e}", data_dir.display()))
-        })?;
+        private_data_dir(data_dir)?;
         let lock_path = data_dir.join(LOCK_FILE);
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| {
-                StoreError::Unavailable(format!("cannot open {}: {e}", lock_path.display()))
-            })?;
+        let cannot_open = |p: &Path, e: std::io::Error| {
+            StoreError::Unavailable(format!("cannot open {}: {e}", p.display()))
+        };
+        let lock = private_fs::open_file(&lock_path).map_err(|e| cannot_open(&lock_path, e))?;
         lock.try_lock().map_err(|_| {
             StoreError::Unavailable(format!(
                 "{} is in use by another smtp-once process (lock {} is held)",
@@ -63,7 +66,22 @@ impl SqliteStore {
             ))
         })?;
         let db_path = data_dir.join(DB_FILE);
+        // SQLite would create the database as 0644 and give the -wal and
+        // -shm files the database's mode: create it 0600 first (an empty
+        // file is an empty database), and tighten files an older version
+        // left readable.
+        private_fs::open_file(&db_path).map_err(|e| cannot_open(&db_path, e))?;
+        for suffix in DB_COMPANIONS {
+            let path = companion(&db_path, suffix);
+            private_fs::tighten(&path, private_fs::FILE_MODE).map_err(|e| cannot_open(&path, e))?;
+        }
         let mut conn = open_connection(&db_path, false).map_err(classify)?;
+        let identity = DataDirIdentity {
+            files: vec![
+                FileIdentity::of(&db_path).map_err(|e| cannot_open(&db_path, e))?,
+                FileIdentity::of_open(&lock, &lock_path).map_err(|e| cannot_open(&lock_path, e))?,
+            ],
+        };
         schema::migrate(&mut conn).map_err(classify)?;
         // Checkpoints run on their own thread (see checkpoint.rs).
         conn.pragma_update(None, "wal_autocheckpoint", 0)
@@ -73,7 +91,10 @@ impl SqliteStore {
         let (jobs, rx) = mpsc::unbounded_channel();
         let handle = std::thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || writer::run(conn, rx))
+            .spawn({
+                let identity = identity.clone();
+                move || writer::run(conn, rx, identity)
+            })
             .map_err(|e| StoreError::Unavailable(format!("cannot start writer thread: {e}")))?;
         Ok(Self {
             db_path,
@@ -81,6 +102,7 @@ impl SqliteStore {
             writer: Mutex::new(Some(handle)),
             checkpointer: Mutex::new(Some(checkpointer)),
             readers: Mutex::new(Vec::new()),
+            identity,
             _lock: lock,
         })
     }
@@ -137,6 +159,31 @@ impl SqliteStore {
     pub(crate) fn stop_writer_for_test(&self) {
         self.stop_writer();
     }
+}
+
+/// Creates the data directory 0700. An existing one keeps its mode: it may
+/// be a folder shared with other things (even `/tmp` by mistake), and
+/// chmod on it could break them; the files in it are 0600 either way.
+fn private_data_dir(data_dir: &Path) -> Result<(), StoreError> {
+    let failed = |e: std::io::Error| {
+        StoreError::Unavailable(format!("cannot create {}: {e}", data_dir.display()))
+    };
+    if !private_fs::create_dir(data_dir).map_err(failed)?
+        && let Some(mode) = private_fs::shared_mode(data_dir).map_err(failed)?
+    {
+        tracing::warn!(
+            data_dir = %data_dir.display(),
+            "data_dir is mode {mode:04o}: other users can enter it (the files in it are 0600); left as set"
+        );
+    }
+    Ok(())
+}
+
+/// `smtp-once.db-wal` and friends.
+fn companion(db_path: &Path, suffix: &str) -> PathBuf {
+    let mut p = db_path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
 }
 
 fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection> {
@@ -210,6 +257,11 @@ impl Store for SqliteStore {
         now: UnixMillis,
     ) -> BoxFuture<'a, Result<Option<LedgerEntry>, StoreError>> {
         Box::pin(async move {
+            // A replay from a deleted database would repeat a 250 for a
+            // message that is already lost.
+            self.identity
+                .check()
+                .map_err(|why| StoreError::Unavailable(format!("data directory gone: {why}")))?;
             // A point read by primary key on a WAL reader never waits for
             // the writer, so it runs inline rather than on the blocking pool.
             let conn = self.reader()?;

@@ -145,3 +145,31 @@ async fn writer_gone_is_unavailable() {
     let err = store.commit(acceptance("x", Some("k"), 0, 10)).await;
     assert!(matches!(err, Err(StoreError::Unavailable(_))), "{err:?}");
 }
+
+#[tokio::test]
+async fn a_moved_data_dir_is_unavailable_until_it_is_back() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    let store = SqliteStore::open(&data).expect("open");
+    let ok = store.commit(acceptance("Q1", Some("k1"), 1, 1000)).await;
+    assert!(matches!(ok, Ok(CommitOutcome::Committed)), "{ok:?}");
+
+    let moved = tmp.path().join("moved");
+    std::fs::rename(&data, &moved).expect("mv");
+    let refused = store.commit(acceptance("Q2", Some("k2"), 1, 1000)).await;
+    assert!(
+        matches!(refused, Err(StoreError::Unavailable(_))),
+        "{refused:?}"
+    );
+    let lookup = store.lookup("ws", "k1", 2).await;
+    assert!(
+        matches!(lookup, Err(StoreError::Unavailable(_))),
+        "{lookup:?}"
+    );
+
+    std::fs::rename(&moved, &data).expect("mv back");
+    let ok = store.commit(acceptance("Q3", Some("k3"), 1, 1000)).await;
+    assert!(matches!(ok, Ok(CommitOutcome::Committed)), "{ok:?}");
+    assert!(store.lookup("ws", "k1", 2).await.expect("lookup").is_some());
+    assert_eq!(queue_rows(&store), 2, "nothing written while it was away");
+}

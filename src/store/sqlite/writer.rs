@@ -8,6 +8,7 @@ use rusqlite::{Connection, Transaction, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::classify;
+use super::identity::DataDirIdentity;
 use crate::store::{Acceptance, CommitOutcome, NewMessage, StoreError, UnixMillis};
 
 /// Upper bound on jobs per transaction, to bound latency and memory.
@@ -88,8 +89,13 @@ impl Job {
     }
 }
 
-pub fn run(mut conn: Connection, mut jobs: mpsc::UnboundedReceiver<Job>) {
+pub fn run(
+    mut conn: Connection,
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+    identity: DataDirIdentity,
+) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
+    let mut gone = false;
     while let Some(first) = jobs.blocking_recv() {
         batch.push(first);
         while batch.len() < MAX_BATCH {
@@ -98,24 +104,63 @@ pub fn run(mut conn: Connection, mut jobs: mpsc::UnboundedReceiver<Job>) {
                 Err(_) => break,
             }
         }
-        execute_batch(&mut conn, &mut batch);
+        // A commit into a file that is no longer on disk is lost at the
+        // next start: refuse instead. Checked before the batch (to write
+        // nothing into a deleted file) and again after COMMIT, before any
+        // answer goes out, so an `rm -rf` during the commit gets a 451
+        // too. The same file back in place (a folder moved back) is ours
+        // again.
+        let mut answers = Vec::new();
+        let checked = identity.check().and_then(|()| {
+            answers = execute_batch(&mut conn, &mut batch);
+            identity.check()
+        });
+        match checked {
+            Ok(()) => {
+                if gone {
+                    tracing::warn!("the database is back at its path; accepting mail again");
+                    gone = false;
+                }
+                for (job, error) in answers {
+                    job.finish(error);
+                }
+            }
+            Err(why) => {
+                if !gone {
+                    tracing::error!(
+                        "data directory gone: {why}; refusing mail (451) until the same files are back or the daemon restarts"
+                    );
+                    gone = true;
+                }
+                let error = || StoreError::Unavailable(format!("data directory gone: {why}"));
+                let jobs = batch
+                    .drain(..)
+                    .chain(answers.into_iter().map(|(job, _)| job));
+                jobs.for_each(|job| job.finish(Some(error())));
+            }
+        }
     }
     tracing::debug!("ledger writer stopped");
 }
 
-fn execute_batch(conn: &mut Connection, batch: &mut Vec<Job>) {
+/// Commits the batch; each job with its error, if it failed. Answers
+/// nobody: the caller does, once it knows the file is still ours.
+fn execute_batch(conn: &mut Connection, batch: &mut Vec<Job>) -> Vec<(Job, Option<StoreError>)> {
     match apply_all(conn, batch) {
-        Ok(()) => batch.drain(..).for_each(|job| job.finish(None)),
+        Ok(()) => batch.drain(..).map(|job| (job, None)).collect(),
         Err(e) => {
             // One bad job must not fail its neighbours: retry each alone,
             // so only the job that really fails gets the error.
             tracing::warn!(error = %e, jobs = batch.len(), "batch commit failed; retrying jobs one by one");
-            for job in batch.drain(..) {
-                let mut single = [job];
-                let result = apply_all(conn, &mut single);
-                let [job] = single;
-                job.finish(result.err().map(classify));
-            }
+            batch
+                .drain(..)
+                .map(|job| {
+                    let mut single = [job];
+                    let result = apply_all(conn, &mut single);
+                    let [job] = single;
+                    (job, result.err().map(classify))
+                })
+                .collect()
         }
     }
 }
