@@ -338,7 +338,7 @@ async fn slow_bdat_chunk_sequence_is_cut_off() {
     let mut received = Vec::new();
     let mut buf = [0u8; 1024];
     while start.elapsed() < bound(limit) + Duration::from_secs(5) {
-        if s.write_all(b"BDAT 4\r\nabc\n").await.is_err() {
+        if s.write_all(b"BDAT 4\r\nab\r\n").await.is_err() {
             break;
         }
         match tokio::time::timeout(Duration::from_millis(300), s.read(&mut buf)).await {
