@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use common::{Daemon, Options};
+use common::{Client, Daemon, Options};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -311,4 +311,25 @@ async fn auth_user_name_cannot_forge_log_lines() {
         );
         assert!(line.contains(r#"user="x\n2031"#), "{line}");
     }
+}
+
+/// Checks in flight count against an address's budget so that parallel
+/// guesses can't slip past it, but only failures ban: an application that
+/// opens many connections at once with the right password is never banned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_parallel_logins_with_the_right_password_are_never_banned() {
+    let d = Daemon::start(Options::default());
+    let mut tasks = Vec::new();
+    for _ in 0..40 {
+        let addr = d.plain;
+        tasks.push(tokio::spawn(async move {
+            let mut c = Client::connect(addr).await;
+            c.ehlo().await;
+            c.auth_plain("bob", "bob-pw").await.code
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.expect("task"), 235);
+    }
+    assert!(!d.log().contains("banned"), "{}", d.log());
 }

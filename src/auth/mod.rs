@@ -28,6 +28,21 @@ use cache::SuccessCache;
 use throttle::{Admission, Throttle};
 use verifier::{HashPool, StoredHash};
 
+/// How long an attempt waits for its address's (or account's) checks in
+/// flight to finish before it gets a 454, and how often it looks.
+const ADMISSION_WAIT: Duration = Duration::from_secs(30);
+const ADMISSION_POLL: Duration = Duration::from_millis(50);
+
+fn refused(refusal: Admission, peer: IpAddr, username: &str) -> Verdict {
+    if refusal == Admission::IpBanned {
+        tracing::warn!(%peer, user = ?username, "authentication refused: address banned after too many failures");
+        Verdict::now(AuthOutcome::IpBanned)
+    } else {
+        tracing::warn!(%peer, user = ?username, "authentication refused: account locked after too many failures");
+        Verdict::now(AuthOutcome::AccountLocked)
+    }
+}
+
 /// What an AUTH attempt came to; the session turns it into a reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuthOutcome {
@@ -176,43 +191,55 @@ impl Authenticator {
     /// refusal with the peer address (client strings escaped).
     pub async fn authenticate(&self, peer: IpAddr, username: &str, password: &str) -> Verdict {
         let throttled = !self.is_trusted(peer);
-        if throttled {
+        if throttled && let Some(refusal) = self.throttle.refusal(peer, username, Instant::now()) {
+            return refused(refusal, peer, username);
+        }
+        // A name and password seen to succeed moments ago is no guess: no
+        // in-flight budget, no hashing (a client opening many connections at
+        // once).
+        if let Some(account) = self.cache.get(username, password, Instant::now()) {
+            if throttled {
+                self.throttle.remember_login(peer, username, Instant::now());
+            }
+            tracing::info!(%peer, user = ?username, "authenticated");
+            return Verdict::now(AuthOutcome::Success(account));
+        }
+        let waiting_since = Instant::now();
+        while throttled {
             match self.throttle.admit(peer, username, Instant::now()) {
-                Admission::Allowed => {}
-                Admission::IpBanned => {
-                    tracing::warn!(%peer, user = ?username, "authentication refused: address banned after too many failures");
-                    return Verdict::now(AuthOutcome::IpBanned);
+                Admission::Allowed => break,
+                Admission::Wait if waiting_since.elapsed() < ADMISSION_WAIT => {
+                    tokio::time::sleep(ADMISSION_POLL).await;
                 }
-                Admission::AccountLocked => {
-                    tracing::warn!(%peer, user = ?username, "authentication refused: account locked after too many failures");
-                    return Verdict::now(AuthOutcome::AccountLocked);
+                Admission::Wait => {
+                    tracing::warn!(%peer, user = ?username, "authentication deferred: too many checks in flight for this address or account");
+                    return Verdict::now(AuthOutcome::TemporaryFailure);
+                }
+                refusal @ (Admission::IpBanned | Admission::AccountLocked) => {
+                    return refused(refusal, peer, username);
                 }
             }
         }
+        let ticket = throttled.then(|| self.throttle.in_flight(peer, username));
         let matched = match self.check(username, password).await {
             Ok(matched) => matched,
+            // The ticket's drop gives its place back: not the client's fault.
             Err(verifier::Busy) => {
-                if throttled {
-                    self.throttle.not_checked(peer, username);
-                }
                 tracing::warn!(%peer, user = ?username, "authentication deferred: password hashing queue full");
                 return Verdict::now(AuthOutcome::TemporaryFailure);
             }
         };
         match matched {
             Some(account) => {
-                if throttled {
-                    self.throttle.succeeded(peer, username, Instant::now());
+                if let Some(ticket) = ticket {
+                    ticket.succeeded(Instant::now());
                 }
                 tracing::info!(%peer, user = ?username, "authenticated");
                 Verdict::now(AuthOutcome::Success(account))
             }
             None => {
-                let reply_delay = if throttled {
-                    self.throttle.failed(peer, username, Instant::now())
-                } else {
-                    Duration::ZERO
-                };
+                let reply_delay =
+                    ticket.map_or(Duration::ZERO, |ticket| ticket.failed(Instant::now()));
                 tracing::info!(%peer, user = ?username, "authentication failed");
                 Verdict {
                     outcome: AuthOutcome::Invalid,
@@ -229,9 +256,6 @@ impl Authenticator {
         password: &str,
     ) -> Result<Option<Arc<Account>>, verifier::Busy> {
         let credential = self.accounts.get(username);
-        if let Some(account) = self.cache.get(username, password, Instant::now()) {
-            return Ok(Some(account));
-        }
         let hash = credential.map_or(&self.dummy, |c| &c.hash).clone();
         let ok = self.pool.verify(hash, password).await?;
         match credential {

@@ -1,9 +1,11 @@
 //! Brute-force throttling: a reply delay that grows with a client's recent
 //! failures, and temporary bans per client address and per account name.
 //!
-//! An attempt is charged as a failure *before* the password is checked and
-//! refunded if it succeeds, so parallel connections from one address cannot
-//! all slip past the budget while their checks are in flight.
+//! Checks still in flight count against the budget with the failures, so
+//! parallel connections from one address cannot all slip past it before a
+//! failure is recorded: an attempt beyond it waits for the others to finish
+//! ([`Admission::Wait`]). Only real failures ban, so a client that logs in
+//! on many connections at once is slowed for a moment, never banned.
 //!
 //! An account ban would let anyone lock a real user out by failing on their
 //! name, so it does not apply to addresses that logged in as that account
@@ -41,6 +43,8 @@ pub struct ThrottleSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
     Allowed,
+    /// The budget is taken by checks still in flight: ask again shortly.
+    Wait,
     IpBanned,
     AccountLocked,
 }
@@ -57,10 +61,53 @@ struct State {
     known: HashMap<String, Vec<(IpAddr, Instant)>>,
 }
 
+/// An admitted check: counted in flight until it is settled, or until it is
+/// dropped (a cancelled task) so that no path can leave it counted.
+pub struct InFlight<'a> {
+    throttle: &'a Throttle,
+    ip: IpAddr,
+    user: String,
+    settled: bool,
+}
+
+impl InFlight<'_> {
+    pub fn succeeded(mut self, now: Instant) {
+        self.settled = true;
+        self.throttle.succeeded(self.ip, &self.user, now);
+    }
+
+    /// Returns how long to wait before replying.
+    pub fn failed(mut self, now: Instant) -> Duration {
+        self.settled = true;
+        self.throttle.failed(self.ip, &self.user, now)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.throttle.not_checked(self.ip, &self.user);
+        }
+    }
+}
+
+impl State {
+    /// `ip` (a client key) logged in as `user` recently.
+    fn is_known(&self, ip: IpAddr, user: &str, now: Instant) -> bool {
+        self.known.get(user).is_some_and(|list| {
+            list.iter().any(|(a, at)| {
+                *a == ip && now.saturating_duration_since(*at) < KNOWN_ADDRESS_MEMORY
+            })
+        })
+    }
+}
+
 /// Failures of one client or account. The count is forgotten after
 /// `ban_time` without a failure, or when a ban ends.
 struct Record {
     failures: u32,
+    /// Admitted checks not yet finished.
+    in_flight: u32,
     last: Instant,
     banned_until: Option<Instant>,
 }
@@ -69,6 +116,7 @@ impl Record {
     fn new(now: Instant) -> Self {
         Self {
             failures: 0,
+            in_flight: 0,
             last: now,
             banned_until: None,
         }
@@ -80,6 +128,9 @@ impl Record {
 
     /// Nothing left to remember at `now`.
     fn stale(&self, now: Instant, ban_time: Duration) -> bool {
+        if self.in_flight > 0 {
+            return false;
+        }
         match self.banned_until {
             Some(until) => until <= now,
             None => now.saturating_duration_since(self.last) >= ban_time,
@@ -90,6 +141,10 @@ impl Record {
         if self.stale(now, ban_time) {
             *self = Record::new(now);
         }
+    }
+
+    fn budget_taken(&self, max: u32) -> bool {
+        self.failures.saturating_add(self.in_flight) >= max
     }
 }
 
@@ -138,7 +193,23 @@ impl Throttle {
             .is_some_and(|r| r.banned(now))
     }
 
-    /// Decides on an attempt and, if it may go ahead, charges it.
+    /// A ban on the address, or a lock on the account for this address,
+    /// whatever the password: checked before anything else, the success
+    /// cache included, or a banned guesser could still learn when a guess
+    /// was right.
+    pub fn refusal(&self, ip: IpAddr, user: &str, now: Instant) -> Option<Admission> {
+        let ip = client_key(ip);
+        let state = self.state();
+        if state.clients.get(&ip).is_some_and(|r| r.banned(now)) {
+            return Some(Admission::IpBanned);
+        }
+        let locked = state.accounts.get(user).is_some_and(|r| r.banned(now));
+        (locked && !state.is_known(ip, user, now)).then_some(Admission::AccountLocked)
+    }
+
+    /// Decides on an attempt and, if it may go ahead, counts it in flight
+    /// until [`Throttle::succeeded`], [`Throttle::failed`] or
+    /// [`Throttle::not_checked`].
     pub fn admit(&self, ip: IpAddr, user: &str, now: Instant) -> Admission {
         let s = &self.settings;
         let ip = client_key(ip);
@@ -151,17 +222,13 @@ impl Throttle {
             MAX_TRACKED_CLIENTS,
             s.ban_time,
         );
-        // Attempts still in flight count: they are charged already.
-        if client.banned(now) || client.failures >= s.max_failures_per_ip {
+        if client.banned(now) {
             return Admission::IpBanned;
         }
-        client.failures += 1;
-        client.last = now;
-        let known = state.known.get(user).is_some_and(|list| {
-            list.iter().any(|(a, at)| {
-                *a == ip && now.saturating_duration_since(*at) < KNOWN_ADDRESS_MEMORY
-            })
-        });
+        if client.budget_taken(s.max_failures_per_ip) {
+            return Admission::Wait;
+        }
+        let known = state.is_known(ip, user, now);
         let account = record(
             &mut state.accounts,
             &user.to_owned(),
@@ -169,22 +236,44 @@ impl Throttle {
             MAX_TRACKED_ACCOUNTS,
             s.ban_time,
         );
-        if account.banned(now) && !known {
-            // Not a guess after all: give the charge back.
-            if let Some(client) = state.clients.get_mut(&ip) {
-                client.failures = client.failures.saturating_sub(1);
+        if !known {
+            if account.banned(now) {
+                return Admission::AccountLocked;
             }
-            return Admission::AccountLocked;
+            if account.budget_taken(s.max_failures_per_account) {
+                return Admission::Wait;
+            }
         }
-        account.failures += 1;
+        account.in_flight += 1;
         account.last = now;
+        if let Some(client) = state.clients.get_mut(&ip) {
+            client.in_flight += 1;
+            client.last = now;
+        }
         Admission::Allowed
     }
 
-    /// The attempt succeeded: refund its charge and remember the address.
+    /// The in-flight ticket for an attempt [`Throttle::admit`] allowed.
+    pub fn in_flight(&self, ip: IpAddr, user: &str) -> InFlight<'_> {
+        InFlight {
+            throttle: self,
+            ip,
+            user: user.to_owned(),
+            settled: false,
+        }
+    }
+
+    /// The attempt succeeded: it is no longer in flight; remember the
+    /// address as one the account logs in from.
     pub fn succeeded(&self, ip: IpAddr, user: &str, now: Instant) {
+        self.finished(client_key(ip), user);
+        self.remember_login(ip, user, now);
+    }
+
+    /// A login known good without a check (the success cache): nothing was
+    /// admitted, but the address is remembered all the same.
+    pub fn remember_login(&self, ip: IpAddr, user: &str, now: Instant) {
         let ip = client_key(ip);
-        self.refund(ip, user);
         let mut state = self.state();
         let list = state.known.entry(user.to_owned()).or_default();
         list.retain(|(a, at)| {
@@ -198,16 +287,16 @@ impl Throttle {
 
     /// The attempt could not be checked (server busy): not the client's fault.
     pub fn not_checked(&self, ip: IpAddr, user: &str) {
-        self.refund(client_key(ip), user);
+        self.finished(client_key(ip), user);
     }
 
-    fn refund(&self, ip: IpAddr, user: &str) {
+    fn finished(&self, ip: IpAddr, user: &str) {
         let mut state = self.state();
         if let Some(r) = state.clients.get_mut(&ip) {
-            r.failures = r.failures.saturating_sub(1);
+            r.in_flight = r.in_flight.saturating_sub(1);
         }
         if let Some(r) = state.accounts.get_mut(user) {
-            r.failures = r.failures.saturating_sub(1);
+            r.in_flight = r.in_flight.saturating_sub(1);
         }
     }
 
@@ -216,6 +305,7 @@ impl Throttle {
     pub fn failed(&self, peer: IpAddr, user: &str, now: Instant) -> Duration {
         let s = &self.settings;
         let ip = client_key(peer);
+        self.finished(ip, user);
         let mut guard = self.state();
         let state = &mut *guard;
         let client = record(
@@ -225,7 +315,7 @@ impl Throttle {
             MAX_TRACKED_CLIENTS,
             s.ban_time,
         );
-        client.failures = client.failures.max(1);
+        client.failures = client.failures.saturating_add(1);
         client.last = now;
         let failures = client.failures;
         if failures >= s.max_failures_per_ip && !client.banned(now) {
@@ -244,7 +334,7 @@ impl Throttle {
             MAX_TRACKED_ACCOUNTS,
             s.ban_time,
         );
-        account.failures = account.failures.max(1);
+        account.failures = account.failures.saturating_add(1);
         account.last = now;
         if account.failures >= s.max_failures_per_account && !account.banned(now) {
             account.banned_until = Some(now + s.ban_time);
@@ -317,10 +407,30 @@ mod tests {
         let t = throttle();
         let now = Instant::now();
         let a = ip("192.0.2.1");
-        let admitted = (0..10)
-            .filter(|_| t.admit(a, "x", now) == Admission::Allowed)
-            .count();
-        assert_eq!(admitted, 3);
+        let answers: Vec<Admission> = (0..10).map(|_| t.admit(a, "x", now)).collect();
+        assert_eq!(answers[..3], [Admission::Allowed; 3]);
+        assert!(
+            answers[3..].iter().all(|x| *x == Admission::Wait),
+            "{answers:?}"
+        );
+        // In flight is not failed: nobody is banned for waiting.
+        assert!(!t.is_banned(a, now));
+    }
+
+    #[test]
+    fn many_parallel_successes_never_ban() {
+        let t = throttle();
+        let now = Instant::now();
+        let a = ip("192.0.2.1");
+        for _ in 0..20 {
+            let admitted: Vec<Admission> = (0..3).map(|_| t.admit(a, "bob", now)).collect();
+            assert_eq!(admitted, [Admission::Allowed; 3]);
+            for _ in 0..3 {
+                t.succeeded(a, "bob", now);
+            }
+        }
+        assert!(!t.is_banned(a, now));
+        assert_eq!(t.admit(a, "bob", now), Admission::Allowed);
     }
 
     #[test]
