@@ -13,7 +13,7 @@ use smtp_once::idempotency::fingerprint::fingerprint as message_fingerprint;
 use smtp_once::idempotency::key::{
     MAX_KEY_CHARS, extract_key, header_section_len, top_level_headers,
 };
-use smtp_once::smtp::session::{Action, Session, SessionConfig, Submission};
+use smtp_once::smtp::session::{Action, Session, SessionConfig, Submission, find_bare_cr_or_lf};
 
 // ---------------------------------------------------------------- session
 
@@ -167,6 +167,14 @@ impl Driver {
         assert!(!s.recipients.is_empty(), "submission without recipients");
         assert!(s.recipients.len() <= self.config.max_recipients);
         assert!(s.content.len() <= self.config.max_message_size);
+        // Issue 8 (smuggling): one rule for DATA and BDAT, bare CR or LF
+        // anywhere in the content is refused.
+        assert_eq!(
+            find_bare_cr_or_lf(&s.content),
+            None,
+            "bare CR or LF in submitted content: {:?}",
+            String::from_utf8_lossy(&s.content)
+        );
         assert_eq!(s.tls, self.tls);
         match &s.submitter {
             Submitter::Account(_) => assert!(self.authenticated, "account not authenticated"),
