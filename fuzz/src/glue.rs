@@ -1,0 +1,284 @@
+//! What each fuzz target does with one input, shared by the cargo-fuzz
+//! targets (`fuzz/fuzz_targets/`) and the regression replay
+//! (`tests/fuzz_regressions.rs`, which includes this file by path). Every
+//! function runs in-process without I/O and panics when an invariant breaks.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use smtp_once::auth::{Account, SenderPattern, Submitter};
+use smtp_once::config::Config;
+use smtp_once::idempotency::fingerprint::fingerprint as message_fingerprint;
+use smtp_once::idempotency::key::{
+    MAX_KEY_CHARS, extract_key, header_section_len, top_level_headers,
+};
+use smtp_once::smtp::session::{Action, Session, SessionConfig, Submission, find_bare_cr_or_lf};
+
+// ---------------------------------------------------------------- session
+
+/// First input byte of the `session` target: listener and limits.
+const IMPLICIT_TLS: u8 = 1;
+const TRUSTED_NETWORK: u8 = 1 << 1;
+const PLAINTEXT_AUTH: u8 = 1 << 2;
+const STARTTLS_OFFERED: u8 = 1 << 3;
+const SMALL_LIMITS: u8 = 1 << 4;
+/// The top three bits pick how the rest is cut into reads: 0 cuts at every
+/// 0xFF byte (dropped, so a seed file shows its reads), the others cut into
+/// reads of a fixed size (0xFF then stays in the data).
+const CHUNK_SHIFT: u8 = 5;
+const CHUNK_SIZES: [usize; 8] = [0, 1, 2, 5, 16, 100, 1000, usize::MAX];
+const READ_MARK: u8 = 0xFF;
+
+/// The SMTP session fed arbitrary reads, driven as src/server/connection.rs
+/// drives it. Checks: no panic, every flushed reply is well formed, nothing
+/// pipelined before STARTTLS is answered after it, and each submission fits
+/// the envelope limits and comes from an authenticated or trusted client.
+pub fn session(data: &[u8]) {
+    let Some((&flags, script)) = data.split_first() else {
+        return;
+    };
+    let config = session_config(flags);
+    let mut driver = Driver {
+        session: Session::new(
+            config.clone(),
+            SocketAddr::from(([127, 0, 0, 1], 40000)),
+            (flags & TRUSTED_NETWORK != 0).then(|| "local".to_string()),
+            flags & IMPLICIT_TLS != 0,
+        ),
+        config,
+        trusted: flags & TRUSTED_NETWORK != 0,
+        tls: flags & IMPLICIT_TLS != 0,
+        authenticated: false,
+    };
+    driver.session.greet();
+    for read in reads(flags, script) {
+        trace("C:", read);
+        driver.session.input().extend_from_slice(read);
+        if !driver.run() {
+            return;
+        }
+    }
+}
+
+fn session_config(flags: u8) -> Arc<SessionConfig> {
+    let small = flags & SMALL_LIMITS != 0;
+    Arc::new(SessionConfig {
+        hostname: "relay.fuzz.test".into(),
+        max_message_size: if small { 64 } else { 100_000 },
+        max_recipients: if small { 2 } else { 100 },
+        max_bad_commands: if small { 3 } else { 20 },
+        allow_plaintext_auth: flags & PLAINTEXT_AUTH != 0,
+        starttls_offered: flags & STARTTLS_OFFERED != 0,
+    })
+}
+
+fn reads(flags: u8, script: &[u8]) -> Box<dyn Iterator<Item = &[u8]> + '_> {
+    match CHUNK_SIZES[usize::from(flags >> CHUNK_SHIFT)] {
+        0 => Box::new(script.split(|&b| b == READ_MARK)),
+        usize::MAX => Box::new(std::iter::once(script)),
+        size => Box::new(script.chunks(size)),
+    }
+}
+
+/// What the connection driver knows, to check the session against.
+struct Driver {
+    session: Session,
+    config: Arc<SessionConfig>,
+    trusted: bool,
+    tls: bool,
+    authenticated: bool,
+}
+
+impl Driver {
+    /// Runs the session until it wants the next read; `false` once it closed.
+    /// The glue to adapt when the session's API changes is here and in
+    /// [`Driver::authenticate`].
+    fn run(&mut self) -> bool {
+        loop {
+            match self.session.advance() {
+                Action::NeedInput => {
+                    self.flush();
+                    return true;
+                }
+                Action::StartTls => {
+                    assert!(!self.tls, "STARTTLS on a TLS session");
+                    assert!(self.config.starttls_offered, "STARTTLS not offered");
+                    let out = self.flush();
+                    let last = out
+                        .strip_suffix(b"\r\n")
+                        .and_then(|o| o.rsplit(|&b| b == b'\n').next());
+                    assert!(
+                        last.is_some_and(|l| l.starts_with(b"220 ")),
+                        "STARTTLS without a 220 last: {:?}",
+                        String::from_utf8_lossy(&out)
+                    );
+                    self.session.tls_started();
+                    self.tls = true;
+                    self.authenticated = false;
+                    // Bytes pipelined after STARTTLS were plaintext: they
+                    // must be gone, not answered inside TLS.
+                    let action = self.session.advance();
+                    assert!(matches!(action, Action::NeedInput), "{action:?} after TLS");
+                    let out = self.session.take_output();
+                    assert!(out.is_empty(), "answered plaintext after STARTTLS: {out:?}");
+                }
+                Action::Authenticate { username, password } => {
+                    trace("auth:", format!("{username:?} {password:?}").as_bytes());
+                    assert!(!self.authenticated, "AUTH while authenticated");
+                    self.authenticate(&username, &password);
+                }
+                Action::Submit(submission) => {
+                    trace("submit:", &submission.content);
+                    self.check_submission(&submission);
+                    self.session.submission_done(b"250 2.0.0 Ok\r\n");
+                }
+                Action::Close => {
+                    self.flush();
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Even-length passwords succeed, so the fuzzer gets past AUTH; an
+    /// odd-length user name gets an account limited to `*@example.test`.
+    /// Account names come from the config in the daemon, not from the
+    /// client, hence fixed names here.
+    fn authenticate(&mut self, username: &str, password: &str) {
+        let account = (password.len().is_multiple_of(2)).then(|| {
+            let restricted = !username.len().is_multiple_of(2);
+            let allowed_senders = restricted.then(|| {
+                SenderPattern::parse("*@example.test")
+                    .into_iter()
+                    .collect::<Vec<_>>()
+            });
+            Arc::new(Account {
+                name: if restricted { "restricted" } else { "any" }.into(),
+                workspace: "fuzz".into(),
+                allowed_senders,
+            })
+        });
+        self.authenticated = account.is_some();
+        self.session.auth_result(account);
+    }
+
+    fn check_submission(&self, s: &Submission) {
+        assert!(!s.recipients.is_empty(), "submission without recipients");
+        assert!(s.recipients.len() <= self.config.max_recipients);
+        assert!(s.content.len() <= self.config.max_message_size);
+        // Issue 8 (smuggling): one rule for DATA and BDAT, bare CR or LF
+        // anywhere in the content is refused.
+        assert_eq!(
+            find_bare_cr_or_lf(&s.content),
+            None,
+            "bare CR or LF in submitted content: {:?}",
+            String::from_utf8_lossy(&s.content)
+        );
+        assert_eq!(s.tls, self.tls);
+        match &s.submitter {
+            Submitter::Account(_) => assert!(self.authenticated, "account not authenticated"),
+            Submitter::TrustedNetwork { .. } => {
+                assert!(self.trusted && !self.authenticated, "untrusted submitter")
+            }
+        }
+    }
+
+    /// What the driver would write to the socket now: checked, returned.
+    fn flush(&mut self) -> Vec<u8> {
+        let out = self.session.take_output();
+        if !out.is_empty() {
+            trace("S:", &out);
+        }
+        check_replies(&out);
+        out
+    }
+}
+
+/// `SMTP_ONCE_FUZZ_TRACE=1` prints the dialogue, to read what a
+/// regression input does (`cargo test --test fuzz_regressions -- --nocapture`).
+fn trace(what: &str, bytes: &[u8]) {
+    static ON: OnceLock<bool> = OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("SMTP_ONCE_FUZZ_TRACE").is_some()) {
+        eprintln!("{what} {:?}", String::from_utf8_lossy(bytes));
+    }
+}
+
+/// Every line is `NNN SP text CRLF` or `NNN - text CRLF` (RFC 5321 4.2) with
+/// a 2xx..5xx code, the text has no CR or LF, a multiline reply keeps its code
+/// and the output ends with a reply's last line.
+fn check_replies(out: &[u8]) {
+    assert!(
+        out.is_empty() || out.ends_with(b"\r\n"),
+        "output ends mid-line: {:?}",
+        String::from_utf8_lossy(out)
+    );
+    let mut open: Option<&[u8]> = None;
+    for line in out.split_inclusive(|&b| b == b'\n') {
+        let shown = String::from_utf8_lossy(line);
+        let body = line
+            .strip_suffix(b"\r\n")
+            .unwrap_or_else(|| panic!("line without CRLF: {shown:?}"));
+        assert!(
+            !body.contains(&b'\r'),
+            "bare CR inside a reply line: {shown:?}"
+        );
+        assert!(body.len() >= 4, "short reply line: {shown:?}");
+        let (code, sep) = (&body[..3], body[3]);
+        assert!(
+            (b'2'..=b'5').contains(&code[0])
+                && code[1..].iter().all(u8::is_ascii_digit)
+                && (sep == b' ' || sep == b'-'),
+            "malformed reply line: {shown:?}"
+        );
+        if let Some(open) = open {
+            assert_eq!(open, code, "multiline reply changes code: {shown:?}");
+        }
+        open = (sep == b'-').then_some(code);
+    }
+    assert!(open.is_none(), "multiline reply left open");
+}
+
+// ---------------------------------------------------------------- key
+
+/// Key extraction on arbitrary content: no panic, and a key is non-empty,
+/// at most `MAX_KEY_CHARS` chars and trimmed.
+pub fn key(data: &[u8]) {
+    if let Ok(Some(key)) = extract_key(data) {
+        assert!(!key.is_empty(), "empty key returned as a key");
+        assert!(key.chars().count() <= MAX_KEY_CHARS);
+        let trimmed = key.trim_matches([' ', '\t', '\r', '\n']);
+        assert_eq!(trimmed, key, "key not trimmed");
+    }
+    assert!(header_section_len(data) <= data.len());
+    for (name, _value) in top_level_headers(data) {
+        assert!(!name.is_empty(), "header with an empty name");
+    }
+}
+
+// ---------------------------------------------------------------- fingerprint
+
+/// The fingerprint on arbitrary MIME: no panic, and deterministic.
+pub fn fingerprint(data: &[u8]) {
+    let recipients = ["b@example.test".to_string(), "a@example.test".to_string()];
+    let first = message_fingerprint("s@example.test", &recipients, data);
+    let again = message_fingerprint("s@example.test", &recipients, data);
+    assert_eq!(first, again, "fingerprint not deterministic");
+}
+
+// ---------------------------------------------------------------- config
+
+/// The config loader on arbitrary text: no panic, and its error prints.
+/// Relative paths resolve under a folder that does not exist. Text naming
+/// a device or pseudo-file is skipped: `cert = "/dev/zero"` makes the loader
+/// read forever, which is the operator's doing, not a parser bug.
+pub fn config(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    if ["/dev", "/proc", "/sys"].iter().any(|p| text.contains(p)) {
+        return;
+    }
+    let path = Path::new("/nonexistent/smtp-once-fuzz/smtp-once.toml");
+    if let Err(e) = Config::from_toml(path, &text) {
+        assert!(!e.to_string().is_empty());
+    }
+}
