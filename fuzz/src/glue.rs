@@ -7,13 +7,15 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use smtp_once::auth::{Account, SenderPattern, Submitter};
+use smtp_once::auth::{Account, AuthOutcome, SenderPattern, Submitter};
 use smtp_once::config::Config;
 use smtp_once::idempotency::fingerprint::fingerprint as message_fingerprint;
 use smtp_once::idempotency::key::{
     MAX_KEY_CHARS, extract_key, header_section_len, top_level_headers,
 };
-use smtp_once::smtp::session::{Action, Session, SessionConfig, Submission, find_bare_cr_or_lf};
+use smtp_once::smtp::budget::InFlightBudget;
+use smtp_once::smtp::content_check::check_content;
+use smtp_once::smtp::session::{Action, Session, SessionConfig, Submission};
 
 // ---------------------------------------------------------------- session
 
@@ -70,6 +72,12 @@ fn session_config(flags: u8) -> Arc<SessionConfig> {
         max_bad_commands: if small { 3 } else { 20 },
         allow_plaintext_auth: flags & PLAINTEXT_AUTH != 0,
         starttls_offered: flags & STARTTLS_OFFERED != 0,
+        max_junk_commands: if small { 5 } else { 100 },
+        budget: if small {
+            InFlightBudget::new(128, 96)
+        } else {
+            InFlightBudget::new(1 << 20, 1 << 19)
+        },
     })
 }
 
@@ -160,7 +168,10 @@ impl Driver {
             })
         });
         self.authenticated = account.is_some();
-        self.session.auth_result(account);
+        self.session.auth_result(match account {
+            Some(account) => AuthOutcome::Success(account),
+            None => AuthOutcome::Invalid,
+        });
     }
 
     fn check_submission(&self, s: &Submission) {
@@ -168,13 +179,14 @@ impl Driver {
         assert!(s.recipients.len() <= self.config.max_recipients);
         assert!(s.content.len() <= self.config.max_message_size);
         // Issue 8 (smuggling): one rule for DATA and BDAT, bare CR or LF
-        // anywhere in the content is refused.
+        // (and NUL) anywhere in the content is refused.
         assert_eq!(
-            find_bare_cr_or_lf(&s.content),
-            None,
-            "bare CR or LF in submitted content: {:?}",
+            check_content(&s.content),
+            Ok(()),
+            "bare CR, LF or NUL in submitted content: {:?}",
             String::from_utf8_lossy(&s.content)
         );
+        assert!(!s.content.is_empty(), "empty message submitted");
         assert_eq!(s.tls, self.tls);
         match &s.submitter {
             Submitter::Account(_) => assert!(self.authenticated, "account not authenticated"),

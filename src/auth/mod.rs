@@ -25,7 +25,7 @@ pub use throttle::ThrottleSettings;
 pub use verifier::HashError;
 
 use cache::SuccessCache;
-use throttle::{Admission, Throttle};
+use throttle::{Admission, InFlight, Throttle};
 use verifier::{HashPool, StoredHash};
 
 /// How long an attempt waits for its address's (or account's) checks in
@@ -204,23 +204,14 @@ impl Authenticator {
             tracing::info!(%peer, user = ?username, "authenticated");
             return Verdict::now(AuthOutcome::Success(account));
         }
-        let waiting_since = Instant::now();
-        while throttled {
-            match self.throttle.admit(peer, username, Instant::now()) {
-                Admission::Allowed => break,
-                Admission::Wait if waiting_since.elapsed() < ADMISSION_WAIT => {
-                    tokio::time::sleep(ADMISSION_POLL).await;
-                }
-                Admission::Wait => {
-                    tracing::warn!(%peer, user = ?username, "authentication deferred: too many checks in flight for this address or account");
-                    return Verdict::now(AuthOutcome::TemporaryFailure);
-                }
-                refusal @ (Admission::IpBanned | Admission::AccountLocked) => {
-                    return refused(refusal, peer, username);
-                }
+        let ticket = if throttled {
+            match self.admit(peer, username).await {
+                Ok(ticket) => Some(ticket),
+                Err(verdict) => return verdict,
             }
-        }
-        let ticket = throttled.then(|| self.throttle.in_flight(peer, username));
+        } else {
+            None
+        };
         let matched = match self.check(username, password).await {
             Ok(matched) => matched,
             // The ticket's drop gives its place back: not the client's fault.
@@ -244,6 +235,27 @@ impl Authenticator {
                 Verdict {
                     outcome: AuthOutcome::Invalid,
                     reply_delay,
+                }
+            }
+        }
+    }
+
+    /// Waits (at most [`ADMISSION_WAIT`]) until the address's and account's
+    /// budgets have room for one more check, and takes it.
+    async fn admit(&self, peer: IpAddr, username: &str) -> Result<InFlight<'_>, Verdict> {
+        let waiting_since = Instant::now();
+        loop {
+            match self.throttle.admit(peer, username, Instant::now()) {
+                Admission::Allowed => return Ok(self.throttle.in_flight(peer, username)),
+                Admission::Wait if waiting_since.elapsed() < ADMISSION_WAIT => {
+                    tokio::time::sleep(ADMISSION_POLL).await;
+                }
+                Admission::Wait => {
+                    tracing::warn!(%peer, user = ?username, "authentication deferred: too many checks in flight for this address or account");
+                    return Err(Verdict::now(AuthOutcome::TemporaryFailure));
+                }
+                refusal @ (Admission::IpBanned | Admission::AccountLocked) => {
+                    return Err(refused(refusal, peer, username));
                 }
             }
         }
