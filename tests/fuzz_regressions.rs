@@ -61,3 +61,8 @@ fn fingerprint() {
 fn config() {
     replay("config", glue::config);
 }
+
+#[test]
+fn address() {
+    replay("address", glue::address);
+}

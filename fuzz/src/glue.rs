@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+use smtp_once::address::parse as parse_address;
 use smtp_once::auth::{Account, AuthOutcome, SenderPattern, Submitter};
 use smtp_once::config::Config;
 use smtp_once::idempotency::fingerprint::fingerprint as message_fingerprint;
@@ -15,6 +16,7 @@ use smtp_once::idempotency::key::{
 };
 use smtp_once::smtp::budget::InFlightBudget;
 use smtp_once::smtp::content_check::check_content;
+use smtp_once::smtp::path_command::{parse_mail, parse_rcpt};
 use smtp_once::smtp::session::{Action, Session, SessionConfig, Submission};
 
 // ---------------------------------------------------------------- session
@@ -293,4 +295,65 @@ pub fn config(data: &[u8]) {
     if let Err(e) = Config::from_toml(path, &text) {
         assert!(!e.to_string().is_empty());
     }
+}
+
+// ---------------------------------------------------------------- address
+
+/// MAIL and RCPT paths from arbitrary bytes. Whatever a client sends, what
+/// we would re-emit (`MAIL FROM:<{path}>` at the next hop, `for <{path}>` in
+/// `Received:`) has no CR, LF or NUL, parses back to the same path, and
+/// never adds a parameter: a `SIZE=` we put after it is still the one and
+/// only parameter the next hop sees.
+pub fn address(data: &[u8]) {
+    let mut line = b"MAIL FROM:".to_vec();
+    line.extend_from_slice(data);
+    line.extend_from_slice(b"\r\n");
+    if let Ok(mail) = parse_mail(&line) {
+        let emitted = mail.path.as_smtp().to_owned();
+        check_emitted(&emitted);
+        let again = parse_mail(format!("MAIL FROM:<{emitted}> SIZE=77\r\n").as_bytes())
+            .unwrap_or_else(|e| panic!("re-emitted {emitted:?} does not parse: {e:?}"));
+        assert_eq!(again.path, mail.path, "round trip changed the path");
+        assert_eq!(
+            again.size, 77,
+            "re-emitted {emitted:?} changed the parameters"
+        );
+    }
+    let mut line = b"RCPT TO:".to_vec();
+    line.extend_from_slice(data);
+    line.extend_from_slice(b"\r\n");
+    if let Ok(rcpt) = parse_rcpt(&line) {
+        let emitted = rcpt.path.as_smtp().to_owned();
+        check_emitted(&emitted);
+        let again = parse_rcpt(format!("RCPT TO:<{emitted}> NOTIFY=NEVER\r\n").as_bytes())
+            .unwrap_or_else(|e| panic!("re-emitted {emitted:?} does not parse: {e:?}"));
+        assert_eq!(again.path, rcpt.path, "round trip changed the path");
+    }
+    if let Ok(text) = std::str::from_utf8(data)
+        && let Ok(address) = parse_address(text)
+    {
+        check_emitted(address.as_smtp());
+        assert_eq!(parse_address(address.as_smtp()).as_ref(), Ok(&address));
+    }
+}
+
+fn check_emitted(path: &str) {
+    assert!(
+        !path.contains(['\r', '\n', '\0']),
+        "CR, LF or NUL re-emitted: {path:?}"
+    );
+    // Outside quotes: no space, `<` or `>` that a next hop would read as
+    // the end of the path.
+    let mut in_quote = false;
+    let mut escaped = false;
+    for c in path.chars() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if in_quote => escaped = true,
+            '"' => in_quote = !in_quote,
+            ' ' | '<' | '>' if !in_quote => panic!("{c:?} outside quotes in {path:?}"),
+            _ => {}
+        }
+    }
+    assert!(!in_quote, "unbalanced quote re-emitted: {path:?}");
 }
