@@ -9,9 +9,9 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Client, Daemon, Options, message};
+use common::{Client, Daemon, Options, message, wait_until};
 use smtp_once::delivery::mx::{DnsError, MxAnswer, MxRecord, MxTransport, Resolver};
 use smtp_once::delivery::smtp::ClientSettings;
 use smtp_once::delivery::transport::Outgoing;
@@ -36,17 +36,6 @@ fn smarthost(addr: impl std::fmt::Display, creds: Option<(&str, &str)>) -> Strin
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
-}
-
-async fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 fn state(d: &Daemon, id: &str) -> (String, i64) {

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{BIN, Client, Daemon, Options, message};
+use common::{BIN, Client, Daemon, Options, message, wait_until};
 
 const FAST: &str = "retry_schedule = [\"200ms\"]\npoll_interval = \"50ms\"\n";
 
@@ -26,17 +26,6 @@ async fn submit(d: &Daemon, key: Option<&str>, body: &str) -> common::Reply {
         .await;
     c.quit().await;
     r
-}
-
-async fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 fn mode(path: &Path) -> u32 {

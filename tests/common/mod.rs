@@ -346,6 +346,18 @@ purge_interval = "{purge}"
     )
 }
 
+/// Polls `f` every 25 ms until it gives a value; fails the test after `secs`.
+pub async fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 // ---------------------------------------------------------------- client
 
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
