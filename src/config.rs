@@ -1103,4 +1103,48 @@ mode = "pigeon"
         let err = Config::from_toml(Path::new("x.toml"), text).unwrap_err();
         assert!(err.to_string().contains("max_mesage_size"), "{err}");
     }
+
+    fn with_auth(auth: &str) -> Result<Config, ConfigError> {
+        let text = format!(
+            "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n\
+             [[listener]]\naddr = \"127.0.0.1:0\"\ntls = \"none\"\n\
+             [auth]\n{auth}\n\
+             [[trusted_network]]\ncidr = \"127.0.0.0/8\"\nworkspace = \"w\"\n\
+             [relay]\nmode = \"mx\"\n"
+        );
+        Config::from_toml(Path::new("/tmp/x.toml"), &text)
+    }
+
+    #[test]
+    fn auth_section_defaults() {
+        let a = with_auth("").unwrap().auth;
+        assert_eq!((a.hash_threads, a.hash_queue), (2, 64));
+        let t = a.throttle;
+        assert_eq!(t.failure_delay, Duration::from_secs(2));
+        assert_eq!(t.max_failure_delay, Duration::from_secs(15));
+        assert_eq!(
+            (t.max_failures_per_ip, t.max_failures_per_account),
+            (10, 30)
+        );
+        assert_eq!(t.ban_time, Duration::from_secs(15 * 60));
+    }
+
+    #[test]
+    fn auth_section_problems_are_reported_by_key() {
+        let err = with_auth(
+            "hash_threads = 0\nfailure_delay = \"10s\"\nmax_failure_delay = \"1s\"\n\
+             max_failures_per_ip = 0\nban_time = \"0s\"\n",
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        for key in [
+            "auth.hash_threads",
+            "auth.max_failure_delay",
+            "auth.max_failures_per_ip",
+            "auth.ban_time",
+        ] {
+            assert!(err.contains(key), "{key} missing from {err}");
+        }
+    }
 }

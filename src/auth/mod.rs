@@ -16,8 +16,6 @@ use std::time::{Duration, Instant};
 
 use argon2::{Argon2, PasswordHasher};
 
-use crate::config::Config;
-
 pub use accounts::{Account, Submitter};
 pub use networks::Cidr;
 pub use senders::SenderPattern;
@@ -108,6 +106,14 @@ pub fn hash_password(password: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// One `[[user]]`, as the authenticator takes it.
+pub struct NewAccount {
+    pub name: String,
+    pub password_hash: String,
+    pub workspace: String,
+    pub allowed_senders: Option<Vec<SenderPattern>>,
+}
+
 struct Credential {
     account: Arc<Account>,
     hash: Arc<StoredHash>,
@@ -128,20 +134,26 @@ pub struct Authenticator {
 }
 
 impl Authenticator {
-    pub fn from_config(config: &Config) -> Result<Self, AuthError> {
-        let mut accounts = HashMap::new();
-        for u in &config.users {
+    /// The directory of `accounts`, the `trusted` networks (CIDR and
+    /// workspace, first match wins) and the `[auth]` settings.
+    pub fn new(
+        accounts: Vec<NewAccount>,
+        trusted: Vec<(Cidr, String)>,
+        settings: &AuthSettings,
+    ) -> Result<Self, AuthError> {
+        let mut directory = HashMap::new();
+        for u in accounts {
             let hash = StoredHash::parse(&u.password_hash).map_err(|source| AuthError::Hash {
                 user: u.name.clone(),
                 source,
             })?;
             let account = Arc::new(Account {
                 name: u.name.clone(),
-                workspace: u.workspace.clone(),
-                allowed_senders: u.allowed_senders.clone(),
+                workspace: u.workspace,
+                allowed_senders: u.allowed_senders,
             });
-            accounts.insert(
-                u.name.clone(),
+            directory.insert(
+                u.name,
                 Credential {
                     account,
                     hash: Arc::new(hash),
@@ -152,14 +164,8 @@ impl Authenticator {
             user: "(built-in dummy)".into(),
             source,
         })?;
-        let trusted = config
-            .trusted_networks
-            .iter()
-            .map(|t| (t.cidr, t.workspace.clone()))
-            .collect();
-        let settings = &config.auth;
         Ok(Self {
-            accounts,
+            accounts: directory,
             dummy: Arc::new(dummy),
             trusted,
             pool: HashPool::start(settings.hash_threads, settings.hash_queue)
@@ -291,49 +297,5 @@ mod tests {
         assert!(check_password_hash(&hash).is_ok());
         assert!(check_password_hash("plain").is_err());
         assert!(check_password_hash(DUMMY_HASH).is_ok());
-    }
-
-    fn config(auth: &str) -> Result<Config, crate::config::ConfigError> {
-        let text = format!(
-            "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n\
-             [[listener]]\naddr = \"127.0.0.1:0\"\ntls = \"none\"\n\
-             [auth]\n{auth}\n\
-             [[trusted_network]]\ncidr = \"127.0.0.0/8\"\nworkspace = \"w\"\n\
-             [relay]\nmode = \"mx\"\n"
-        );
-        Config::from_toml(std::path::Path::new("/tmp/x.toml"), &text)
-    }
-
-    #[test]
-    fn auth_section_defaults() {
-        let a = config("").unwrap().auth;
-        assert_eq!((a.hash_threads, a.hash_queue), (2, 64));
-        let t = a.throttle;
-        assert_eq!(t.failure_delay, Duration::from_secs(2));
-        assert_eq!(t.max_failure_delay, Duration::from_secs(15));
-        assert_eq!(
-            (t.max_failures_per_ip, t.max_failures_per_account),
-            (10, 30)
-        );
-        assert_eq!(t.ban_time, Duration::from_secs(15 * 60));
-    }
-
-    #[test]
-    fn auth_section_problems_are_reported_by_key() {
-        let err = config(
-            "hash_threads = 0\nfailure_delay = \"10s\"\nmax_failure_delay = \"1s\"\n\
-             max_failures_per_ip = 0\nban_time = \"0s\"\n",
-        )
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
-        for key in [
-            "auth.hash_threads",
-            "auth.max_failure_delay",
-            "auth.max_failures_per_ip",
-            "auth.ban_time",
-        ] {
-            assert!(err.contains(key), "{key} missing from {err}");
-        }
     }
 }

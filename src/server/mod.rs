@@ -19,7 +19,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
 use crate::accept::Acceptor;
-use crate::auth::Authenticator;
+use crate::auth::{AuthError, Authenticator, NewAccount};
 use crate::config::{Config, TlsMode};
 use crate::smtp::budget::InFlightBudget;
 use crate::smtp::session::{Session, SessionConfig};
@@ -30,6 +30,26 @@ use deadline::TimeLimits;
 use load::Load;
 use per_ip::PerIpLimit;
 use refuse::{Refusal, Refuser};
+
+/// The account directory from `[[user]]`, `[[trusted_network]]` and `[auth]`.
+fn authenticator(config: &Config) -> Result<Authenticator, AuthError> {
+    let accounts = config
+        .users
+        .iter()
+        .map(|u| NewAccount {
+            name: u.name.clone(),
+            password_hash: u.password_hash.clone(),
+            workspace: u.workspace.clone(),
+            allowed_senders: u.allowed_senders.clone(),
+        })
+        .collect();
+    let trusted = config
+        .trusted_networks
+        .iter()
+        .map(|t| (t.cidr, t.workspace.clone()))
+        .collect();
+    Authenticator::new(accounts, trusted, &config.auth)
+}
 
 /// What every connection task shares.
 pub struct Shared {
@@ -69,7 +89,7 @@ impl Server {
                 config.hostname.clone(),
                 &config.limits,
             )?,
-            auth: Authenticator::from_config(config).map_err(|e| e.to_string())?,
+            auth: authenticator(config).map_err(|e| e.to_string())?,
             tls: tls.clone(),
             time_limits: TimeLimits {
                 command_timeout: config.command_timeout,
