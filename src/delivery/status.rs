@@ -1,20 +1,8 @@
 //! What `smtp-once status` adds about delivery: each recipient's outcome
 //! and every attempt, as recorded in `delivery_attempt`.
 
-use crate::store::UnixMillis;
+use crate::store::AttemptRecord;
 use crate::trace::rfc5322_date;
-
-/// One recipient's result in one delivery attempt.
-#[derive(Debug, Clone)]
-pub struct AttemptRecord {
-    pub at: UnixMillis,
-    pub recipient: String,
-    /// delivered, deferred, failed or expired.
-    pub outcome: String,
-    /// The next hop's reply, or what went wrong.
-    pub reply: String,
-    pub next_hop: Option<String>,
-}
 
 /// The lines after the message summary.
 pub fn format_delivery(recipients: &[String], attempts: &[AttemptRecord]) -> String {

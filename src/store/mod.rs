@@ -161,3 +161,16 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> BoxFuture<'static, Result<usize, StoreError>>;
 }
+
+/// One recipient's result in one delivery attempt, as `delivery_attempt`
+/// holds it (read by `status`).
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    pub at: UnixMillis,
+    pub recipient: String,
+    /// delivered, deferred, failed or expired.
+    pub outcome: String,
+    /// The next hop's reply, or what went wrong.
+    pub reply: String,
+    pub next_hop: Option<String>,
+}

@@ -6,8 +6,7 @@ use std::path::Path;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::{DB_FILE, classify, open_connection};
-use crate::delivery::status::AttemptRecord;
-use crate::store::{MessageState, MessageStatus, StoreError};
+use crate::store::{AttemptRecord, MessageState, MessageStatus, StoreError};
 
 pub struct Inspector {
     conn: Connection,
