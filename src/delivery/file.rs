@@ -12,7 +12,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::transport::Outgoing;
+use super::outgoing::Outgoing;
 use super::{DeliveryError, RcptResult, Status};
 use crate::private_fs;
 

@@ -14,6 +14,7 @@ pub mod dsn;
 pub mod file;
 pub mod mx;
 pub mod ops;
+pub mod outgoing;
 pub mod plan;
 pub mod queue;
 pub mod smarthost;

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use hickory_resolver::TokioResolver;
 use hickory_resolver::proto::rr::RData;
 
+use super::outgoing::Outgoing;
 use super::smtp::{self, ClientSettings, Security};
-use super::transport::Outgoing;
 use super::{DeliveryError, RcptResult, Status, domain_of};
 use crate::store::BoxFuture;
 

@@ -12,8 +12,8 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
 use super::DeliveryError;
+use super::outgoing::Outgoing;
 use super::plan::{Outcome, Plan};
-use super::transport::Outgoing;
 use crate::store::sqlite::{DB_FILE, FileIdentity};
 use crate::store::{MessageState, NewMessage, UnixMillis};
 

@@ -3,8 +3,8 @@
 
 use mail_send::Credentials;
 
+use super::outgoing::Outgoing;
 use super::smtp::{self, ClientSettings, Security};
-use super::transport::Outgoing;
 use super::{DeliveryError, RcptResult, Status};
 use crate::config::{TlsMode, TlsTrust};
 

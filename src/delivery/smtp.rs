@@ -15,7 +15,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 use super::content::dot_stuffed;
-use super::transport::Outgoing;
+use super::outgoing::Outgoing;
 use super::{RcptResult, Status};
 
 #[derive(Clone)]

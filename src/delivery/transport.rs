@@ -4,37 +4,12 @@
 
 use super::file::FileTransport;
 use super::mx::{MxTransport, SystemResolver};
+use super::outgoing::Outgoing;
 use super::smarthost::SmarthostTransport;
 use super::smtp::ClientSettings;
-use super::{DeliveryError, RcptResult, Status, content, domain_of};
+use super::{DeliveryError, RcptResult, Status, domain_of};
 use crate::address::{ForwardPath, ReversePath};
 use crate::config::{Config, Relay};
-
-/// A queued message, as loaded for delivery.
-#[derive(Debug, Clone)]
-pub struct Outgoing {
-    pub id: String,
-    pub reverse_path: String,
-    /// Every recipient it was accepted for (delivered ones included).
-    pub recipients: Vec<String>,
-    pub idempotency_key: Option<String>,
-    pub trace: String,
-    pub body: Vec<u8>,
-}
-
-impl Outgoing {
-    /// The bytes relayed in a transaction to `subset` of the recipients.
-    pub fn bytes_for(&self, subset: &[String]) -> Vec<u8> {
-        content::relayed(
-            &self.id,
-            &self.trace,
-            &self.body,
-            self.idempotency_key.as_deref(),
-            &self.recipients,
-            subset,
-        )
-    }
-}
 
 pub enum Transport {
     File(FileTransport),

@@ -16,9 +16,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 
 use super::dsn::{self, Bounce};
+use super::outgoing::Outgoing;
 use super::plan::{self, Outcome, Plan, Policy};
 use super::queue::{Loaded, QueueDb};
-use super::transport::{Outgoing, Transport};
+use super::transport::Transport;
 use super::{DeliveryError, RcptResult, Status};
 use crate::config::Config;
 use crate::store::{MessageState, NewMessage, UnixMillis, now_millis, queue_id};

@@ -1,0 +1,31 @@
+//! A queued message as the transports see it: loaded by the queue, sent by
+//! every relay mode. Its own module so the modes and the dispatcher in
+//! `transport.rs` share it without depending on each other.
+
+use super::content;
+
+/// A queued message, as loaded for delivery.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub id: String,
+    pub reverse_path: String,
+    /// Every recipient it was accepted for (delivered ones included).
+    pub recipients: Vec<String>,
+    pub idempotency_key: Option<String>,
+    pub trace: String,
+    pub body: Vec<u8>,
+}
+
+impl Outgoing {
+    /// The bytes relayed in a transaction to `subset` of the recipients.
+    pub fn bytes_for(&self, subset: &[String]) -> Vec<u8> {
+        content::relayed(
+            &self.id,
+            &self.trace,
+            &self.body,
+            self.idempotency_key.as_deref(),
+            &self.recipients,
+            subset,
+        )
+    }
+}
