@@ -661,8 +661,8 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
 
     let mut users = Vec::new();
     for (i, u) in raw.users.iter().enumerate() {
-        if u.name.is_empty() {
-            p.add(format!("user[{i}].name"), "must not be empty");
+        if let Err(e) = check_label(&u.name) {
+            p.add(format!("user[{i}].name"), e);
         }
         if raw.users[..i].iter().any(|o| o.name == u.name) {
             p.add(
@@ -670,8 +670,8 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
                 format!("{:?} is defined twice", u.name),
             );
         }
-        if u.workspace.trim().is_empty() {
-            p.add(format!("user[{i}].workspace"), "must not be empty");
+        if let Err(e) = check_label(&u.workspace) {
+            p.add(format!("user[{i}].workspace"), e);
         }
         if let Err(e) = crate::auth::check_password_hash(&u.password_hash) {
             p.add(format!("user[{i}].password_hash"), e);
@@ -698,11 +698,8 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
 
     let mut trusted_networks = Vec::new();
     for (i, t) in raw.trusted_networks.iter().enumerate() {
-        if t.workspace.trim().is_empty() {
-            p.add(
-                format!("trusted_network[{i}].workspace"),
-                "must not be empty",
-            );
+        if let Err(e) = check_label(&t.workspace) {
+            p.add(format!("trusted_network[{i}].workspace"), e);
         }
         match Cidr::parse(&t.cidr) {
             Ok(cidr) => trusted_networks.push(TrustedNetwork {
@@ -836,6 +833,23 @@ fn validate_auth(a: &RawAuth, p: &mut Problems) -> AuthSettings {
             ban_time,
         },
     }
+}
+
+/// Account names and workspaces end up in replies, logs and the
+/// `Received:` header: printable, no spaces, at most 255 bytes.
+fn check_label(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if value.len() > 255 {
+        return Err("must be at most 255 bytes".into());
+    }
+    if value.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(format!(
+            "{value:?} must not contain spaces or control characters"
+        ));
+    }
+    Ok(())
 }
 
 fn validate_limits(l: &RawLimits, p: &mut Problems) -> Limits {
@@ -1077,6 +1091,23 @@ mode = "pigeon"
             "relay.mode",
         ] {
             assert!(keys.contains(&key), "{key} missing from {problems:?}");
+        }
+    }
+
+    #[test]
+    fn names_and_workspaces_are_printable() {
+        let text = "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n[[listener]]\naddr = \"127.0.0.1:0\"\n\
+                    [[user]]\nname = \"a\\r\\nb\"\npassword_hash = \"x\"\nworkspace = \"w s\"\n\
+                    [[trusted_network]]\ncidr = \"127.0.0.1\"\nworkspace = \"\\u001b[31m\"\n";
+        let err = Config::from_toml(Path::new("x.toml"), text)
+            .unwrap_err()
+            .to_string();
+        for key in [
+            "user[0].name: \"a\\r\\nb\" must not contain",
+            "user[0].workspace: \"w s\" must not contain",
+            "trusted_network[0].workspace: \"\\u{1b}[31m\" must not contain",
+        ] {
+            assert!(err.contains(key), "{key} missing from {err}");
         }
     }
 

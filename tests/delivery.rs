@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use common::{Client, Daemon, Options, message, wait_until};
 use smtp_once::delivery::mx::{DnsError, MxAnswer, MxRecord, MxTransport, Resolver};
-use smtp_once::delivery::smtp::ClientSettings;
 use smtp_once::delivery::outgoing::Outgoing;
+use smtp_once::delivery::smtp::ClientSettings;
 use smtp_once::delivery::{RcptResult, Status};
 use smtp_once::store::BoxFuture;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
