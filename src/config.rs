@@ -48,7 +48,7 @@ pub struct RawConfig {
     pub limits: RawLimits,
 }
 
-/// Defences against hostile clients (README "Limits"). Each default is
+/// Defences against hostile clients (docs/configuration.md). Each default is
 /// what a production submission port on the internet needs.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -173,7 +173,7 @@ pub struct RawTls {
 }
 
 /// `[auth]`: plaintext AUTH, and the defences around password checks
-/// (README "Authentication").
+/// (docs/configuration.md, `[auth]`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAuth {
