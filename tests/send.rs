@@ -455,3 +455,54 @@ async fn input_errors_exit_before_anything_is_spooled() {
     assert_eq!(no_rcpt.code, Some(64), "{no_rcpt:?}");
     assert!(spooled(&spool).is_empty());
 }
+
+#[tokio::test]
+async fn implicit_tls_and_a_listener_without_starttls() {
+    let d = Daemon::start(Options::default());
+    let tmp = tempfile::tempdir().expect("tmp");
+    let spool = tmp.path().join("spool");
+    let cert = common::repo_path("certs/dev-cert.pem");
+    let cert = cert.to_str().expect("utf-8 path");
+    let tls = |server: SocketAddr, mode: &str| {
+        let mut c = tokio::process::Command::new(BIN);
+        c.arg("send")
+            .args([
+                "--tls",
+                mode,
+                "--ca-file",
+                cert,
+                "--user",
+                "bob",
+                "--server",
+            ])
+            .arg(server.to_string())
+            .arg("--spool")
+            .arg(&spool)
+            .args(["-f", "bob@example.org", "dest@example.net"])
+            .env("SMTP_ONCE_PASSWORD", "bob-pw")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        c
+    };
+    let r = run(
+        tls(d.implicit, "implicit"),
+        &lf_message("dest@example.net", "implicit"),
+    )
+    .await;
+    assert_eq!(r.code, Some(0), "{r:?}");
+    r.queued();
+    // The plaintext listener offers no STARTTLS: no retry can fix that, and
+    // nothing was sent, so nothing is kept.
+    let r = run(
+        tls(d.plain, "starttls"),
+        &lf_message("dest@example.net", "never sent"),
+    )
+    .await;
+    assert_eq!(r.code, Some(78), "{r:?}");
+    assert!(r.stderr.contains("does not offer STARTTLS"), "{r:?}");
+    assert!(!r.stderr.contains("attempt 1 failed"), "not retried: {r:?}");
+    assert!(spooled(&spool).is_empty(), "{:?}", spooled(&spool));
+    assert_eq!(d.queue_count(), 1);
+}

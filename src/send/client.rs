@@ -47,7 +47,9 @@ pub enum Attempt {
     },
     /// A 5xx: the server's final word.
     Refused {
-        stage: String,
+        stage: Stage,
+        /// The command refused, e.g. `MAIL FROM:<a@example.net>`.
+        what: String,
         reply: String,
         exit: Exit,
     },
@@ -143,7 +145,8 @@ fn unwelcome(stage: Stage, what: &str, r: &Response<String>) -> Attempt {
     let reply = format_reply(r);
     if (500..600).contains(&r.code) {
         Attempt::Refused {
-            stage: what.to_owned(),
+            stage,
+            what: what.to_owned(),
             exit: refusal_exit(stage, r),
             reply,
         }

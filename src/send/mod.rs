@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use crate::address::{ForwardPath, ReversePath};
 use args::SendArgs;
-use client::Attempt;
+use client::{Attempt, Stage};
 pub use exit::Exit;
 use message::MessageError;
 use spool::{Entry, Envelope, Spool};
@@ -271,8 +271,21 @@ fn settle(spool: &Spool, entry: Entry, settled: retry::Settled, maybe_sent: bool
             remove(spool, entry);
             Exit::Ok
         }
-        Attempt::Refused { stage, reply, exit } => {
-            eprintln!("smtp-once send: refused at {stage}: {reply}");
+        Attempt::Refused {
+            stage,
+            what,
+            reply,
+            exit,
+        } => {
+            eprintln!("smtp-once send: refused at {what}: {reply}");
+            if (maybe_sent || settled.after_dot) && stage != Stage::Message {
+                // The refusal came before the message this time; an earlier
+                // attempt whose reply was lost may have been accepted.
+                eprintln!(
+                    "smtp-once send: warning: an earlier attempt sent the whole message and lost the reply; it may have been accepted (key {:?})",
+                    entry.envelope.key
+                );
+            }
             remove(spool, entry);
             exit
         }
