@@ -106,13 +106,14 @@ fn send(args: &SendArgs) -> Result<Exit, Failure> {
         e => Failure::new(Exit::DataErr, e.to_string()),
     })?;
     let envelope = envelope(args, &prepared)?;
+    let runtime = runtime()?;
     let spool =
         Spool::open(&spool_dir).map_err(|e| Failure::new(Exit::CantCreat, e.to_string()))?;
     let entry = spool
         .add(envelope, prepared.bytes)
         .map_err(|e| Failure::new(Exit::CantCreat, e.to_string()))?;
     let deadline = Instant::now() + args.deadline;
-    let settled = runtime()?.block_on(retry::until_settled(
+    let settled = runtime.block_on(retry::until_settled(
         &server,
         &entry.envelope,
         &entry.message,
