@@ -35,6 +35,8 @@ pub struct SendArgs {
     /// The submission server.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:587")]
     pub server: String,
+    /// starttls (required, port 587 style), implicit (port 465 style) or
+    /// none (plaintext, local development only).
     #[arg(long, value_enum, default_value_t = TlsMode::Starttls)]
     pub tls: TlsMode,
     /// Trust the certificates in this PEM file instead of the system's.
@@ -63,6 +65,7 @@ pub struct SendArgs {
     /// reads no stdin. For cron.
     #[arg(long, conflicts_with_all = ["recipients", "extract_recipients", "from", "idempotency_key"])]
     pub flush: bool,
+    /// Envelope recipients (with -t, added to the headers' ones).
     #[arg(value_name = "RECIPIENT")]
     pub recipients: Vec<String>,
 }
