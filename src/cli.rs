@@ -57,6 +57,13 @@ pub enum Command {
         #[arg(long, default_value_t = 1000)]
         limit: usize,
     },
+    /// Submit a message from stdin, sendmail style, so that it is accepted
+    /// once however often the connection fails (`smtp-once send --help`).
+    #[command(disable_help_flag = true)]
+    Send {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Load generator: submit messages over SMTP and report msgs/s and latency.
     Bench(crate::bench::BenchArgs),
     /// Make queued or deferred messages due now.
@@ -104,6 +111,7 @@ pub fn run(cli: Cli) -> ExitCode {
             limit,
         } => queue(config, state.as_deref(), limit),
         Command::Bench(args) => bench(args),
+        Command::Send { args } => return crate::send::run(args),
         Command::Retry {
             config,
             all,

@@ -13,6 +13,7 @@ pub mod fd_limit;
 pub mod idempotency;
 pub mod net;
 pub mod private_fs;
+pub mod send;
 pub mod server;
 pub mod smtp;
 pub mod store;

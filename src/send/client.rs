@@ -1,0 +1,487 @@
+//! One submission attempt on mail-send's `SmtpClient`: connect, TLS, EHLO,
+//! AUTH, MAIL, RCPT, DATA and the reply to the final dot, sorted into what
+//! the retry loop needs to know: accepted (and whether it was a replay),
+//! refused for good, or worth another try.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mail_send::{Credentials, SmtpClient};
+use smtp_proto::{EXT_8BIT_MIME, EXT_SIZE, EXT_SMTP_UTF8, EXT_START_TLS, EhloResponse, Response};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use super::exit::Exit;
+use super::spool::Envelope;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TlsMode {
+    /// STARTTLS, required.
+    Starttls,
+    /// TLS from the first byte (port 465 style).
+    Implicit,
+    /// Plaintext (local development only).
+    None,
+}
+
+/// Where and how to submit.
+pub struct Server {
+    pub host: String,
+    pub port: u16,
+    pub tls: TlsMode,
+    pub connector: Option<TlsConnector>,
+    pub credentials: Option<Credentials<String>>,
+    /// Our name in EHLO.
+    pub helo: String,
+}
+
+/// The outcome of one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// 2xx to the final dot.
+    Accepted {
+        queue_id: Option<String>,
+        replay: bool,
+        reply: String,
+    },
+    /// A 5xx: the server's final word.
+    Refused {
+        stage: Stage,
+        /// The command refused, e.g. `MAIL FROM:<a@example.net>`.
+        what: String,
+        reply: String,
+        exit: Exit,
+    },
+    /// Nothing to retry will change: no STARTTLS or no usable AUTH offered.
+    Unusable(String),
+    /// Connection lost, timeout or a 4xx.
+    Temporary {
+        why: String,
+        /// The final dot went out: the server may have queued it.
+        after_dot: bool,
+    },
+}
+
+/// A client TLS connector trusting `ca_file`, or the system's roots.
+pub fn connector(ca_file: Option<&std::path::Path>) -> Result<TlsConnector, String> {
+    crate::tls::install_crypto_provider();
+    let Some(path) = ca_file else {
+        return mail_send::smtp::tls::build_tls_connector(false);
+    };
+    let roots = crate::tls::load_roots(path)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("tls: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
+/// `250 2.0.0 text`, lines joined with ` / `, control characters escaped
+/// (the text is the server's, printed on the user's terminal).
+pub fn format_reply(r: &Response<String>) -> String {
+    let text: String = r
+        .message
+        .trim()
+        .replace("\r\n", " / ")
+        .replace('\n', " / ")
+        .chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect();
+    if r.esc == [0, 0, 0] {
+        format!("{} {text}", r.code)
+    } else {
+        format!("{} {}.{}.{} {text}", r.code, r.esc[0], r.esc[1], r.esc[2])
+    }
+}
+
+fn describe(e: &mail_send::Error) -> String {
+    match e {
+        mail_send::Error::UnexpectedReply(r) | mail_send::Error::AuthenticationFailed(r) => {
+            format_reply(r)
+        }
+        mail_send::Error::UnparseableReply => "connection closed or unparseable reply".into(),
+        other => other.to_string(),
+    }
+}
+
+/// The exit code for a 5xx at `stage`.
+pub fn refusal_exit(stage: Stage, r: &Response<String>) -> Exit {
+    match (r.code, r.esc) {
+        (530 | 534 | 535 | 538 | 553, _) | (_, [5, 7, _]) => Exit::NoPerm,
+        (552, _) | (_, [5, 6, _]) => Exit::DataErr,
+        _ if stage == Stage::Message => Exit::DataErr,
+        _ => Exit::Unavailable,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Connect,
+    Mail,
+    Rcpt,
+    Data,
+    Message,
+}
+
+fn temporary(why: String) -> Attempt {
+    Attempt::Temporary {
+        why,
+        after_dot: false,
+    }
+}
+
+/// A reply that is not the hoped-for one: 5xx refused, else temporary.
+fn unwelcome(stage: Stage, what: &str, r: &Response<String>) -> Attempt {
+    let reply = format_reply(r);
+    if (500..600).contains(&r.code) {
+        Attempt::Refused {
+            stage,
+            what: what.to_owned(),
+            exit: refusal_exit(stage, r),
+            reply,
+        }
+    } else {
+        temporary(format!("{what}: {reply}"))
+    }
+}
+
+/// One attempt; `timeout` bounds each step.
+pub async fn attempt(
+    server: &Server,
+    env: &Envelope,
+    message: &[u8],
+    timeout: Duration,
+) -> Attempt {
+    let stream = match connect(server, timeout).await {
+        Ok(s) => s,
+        Err(why) => return temporary(why),
+    };
+    let mut client = SmtpClient { stream, timeout };
+    match (server.tls, &server.connector) {
+        (TlsMode::Implicit, Some(connector)) => {
+            match client.into_tls(connector, &server.host).await {
+                Ok(mut tls) => session(&mut tls, server, env, message, timeout).await,
+                Err(e) => temporary(format!("TLS: {}", describe(&e))),
+            }
+        }
+        (TlsMode::Starttls, Some(connector)) => {
+            let caps = match greet(&mut client, server, timeout).await {
+                Ok(caps) => caps,
+                Err(a) => return a,
+            };
+            if !caps.has_capability(EXT_START_TLS) {
+                return Attempt::Unusable(format!(
+                    "{}:{} does not offer STARTTLS (use --tls implicit for a port 465 style listener)",
+                    server.host, server.port
+                ));
+            }
+            match client.start_tls(connector, &server.host).await {
+                Ok(mut tls) => {
+                    let caps = match ehlo(&mut tls, server).await {
+                        Ok(caps) => caps,
+                        Err(a) => return a,
+                    };
+                    transaction_after_auth(&mut tls, &caps, server, env, message, timeout).await
+                }
+                Err(e) => temporary(format!("STARTTLS: {}", describe(&e))),
+            }
+        }
+        _ => session(&mut client, server, env, message, timeout).await,
+    }
+}
+
+async fn connect(server: &Server, timeout: Duration) -> Result<TcpStream, String> {
+    let target = format!("{}:{}", server.host, server.port);
+    let addrs: Vec<_> = tokio::time::timeout(
+        timeout,
+        tokio::net::lookup_host((server.host.as_str(), server.port)),
+    )
+    .await
+    .map_err(|_| format!("resolve {target}: timed out"))?
+    .map_err(|e| format!("resolve {target}: {e}"))?
+    .collect();
+    let mut last = format!("resolve {target}: no address");
+    for addr in addrs {
+        match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                return Ok(stream);
+            }
+            Ok(Err(e)) => last = format!("connect to {target} ({addr}): {e}"),
+            Err(_) => last = format!("connect to {target} ({addr}): timed out"),
+        }
+    }
+    Err(last)
+}
+
+/// Greeting, EHLO, AUTH and the transaction on an established stream.
+async fn session<T: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut SmtpClient<T>,
+    server: &Server,
+    env: &Envelope,
+    message: &[u8],
+    timeout: Duration,
+) -> Attempt {
+    let caps = match greet(c, server, timeout).await {
+        Ok(caps) => caps,
+        Err(a) => return a,
+    };
+    transaction_after_auth(c, &caps, server, env, message, timeout).await
+}
+
+async fn greet<T: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut SmtpClient<T>,
+    server: &Server,
+    timeout: Duration,
+) -> Result<EhloResponse<String>, Attempt> {
+    let reply = tokio::time::timeout(timeout, c.read())
+        .await
+        .map_err(|_| temporary("greeting: timed out".into()))?
+        .map_err(|e| temporary(format!("greeting: {}", describe(&e))))?;
+    if !(200..300).contains(&reply.code) {
+        return Err(unwelcome(Stage::Connect, "greeting", &reply));
+    }
+    ehlo(c, server).await
+}
+
+async fn ehlo<T: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut SmtpClient<T>,
+    server: &Server,
+) -> Result<EhloResponse<String>, Attempt> {
+    c.ehlo(&server.helo).await.map_err(|e| match e {
+        mail_send::Error::UnexpectedReply(r) => unwelcome(Stage::Connect, "EHLO", &r),
+        e => temporary(format!("EHLO: {}", describe(&e))),
+    })
+}
+
+async fn transaction_after_auth<T: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut SmtpClient<T>,
+    caps: &EhloResponse<String>,
+    server: &Server,
+    env: &Envelope,
+    message: &[u8],
+    timeout: Duration,
+) -> Attempt {
+    if let Some(credentials) = &server.credentials {
+        match c.authenticate(credentials, caps).await {
+            Ok(_) => {}
+            Err(
+                mail_send::Error::AuthenticationFailed(r) | mail_send::Error::UnexpectedReply(r),
+            ) => {
+                return unwelcome(Stage::Connect, "AUTH", &r);
+            }
+            Err(mail_send::Error::UnsupportedAuthMechanism) => {
+                return Attempt::Unusable(format!(
+                    "{}:{} offers no AUTH mechanism we can use here (AUTH may be offered only over TLS)",
+                    server.host, server.port
+                ));
+            }
+            Err(e) => return temporary(format!("AUTH: {}", describe(&e))),
+        }
+    }
+    let outcome = transaction(c, caps, env, message, timeout).await;
+    if !matches!(outcome, Attempt::Temporary { .. }) {
+        c.timeout = c.timeout.min(Duration::from_secs(5));
+        let _ = c.cmd(b"QUIT\r\n").await;
+    }
+    outcome
+}
+
+fn mail_params(caps: &EhloResponse<String>, env: &Envelope, message: &[u8]) -> String {
+    let mut params = String::new();
+    if caps.has_capability(EXT_SIZE) {
+        params.push_str(&format!(" SIZE={}", message.len()));
+    }
+    if caps.has_capability(EXT_8BIT_MIME) && !message.is_ascii() {
+        params.push_str(" BODY=8BITMIME");
+    }
+    let utf8 = !env.from.is_ascii() || env.to.iter().any(|r| !r.is_ascii());
+    if caps.has_capability(EXT_SMTP_UTF8) && utf8 {
+        params.push_str(" SMTPUTF8");
+    }
+    params
+}
+
+async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut SmtpClient<T>,
+    caps: &EhloResponse<String>,
+    env: &Envelope,
+    message: &[u8],
+    timeout: Duration,
+) -> Attempt {
+    let params = mail_params(caps, env, message);
+    let mail = format!("MAIL FROM:<{}>", env.from);
+    match c.cmd(format!("{mail}{params}\r\n")).await {
+        Ok(r) if (200..300).contains(&r.code) => {}
+        Ok(r) => return unwelcome(Stage::Mail, &mail, &r),
+        Err(e) => return temporary(format!("{mail}: {}", describe(&e))),
+    }
+    // All or nothing: a message that cannot reach every recipient is not
+    // sent, so a retry always sends the same envelope.
+    for rcpt in &env.to {
+        let what = format!("RCPT TO:<{rcpt}>");
+        match c.cmd(format!("{what}\r\n")).await {
+            Ok(r) if (200..300).contains(&r.code) => {}
+            Ok(r) => {
+                let _ = c.cmd(b"RSET\r\n").await;
+                return unwelcome(Stage::Rcpt, &what, &r);
+            }
+            Err(e) => return temporary(format!("{what}: {}", describe(&e))),
+        }
+    }
+    match c.cmd(b"DATA\r\n").await {
+        Ok(r) if r.code == 354 => {}
+        Ok(r) => return unwelcome(Stage::Data, "DATA", &r),
+        Err(e) => return temporary(format!("DATA: {}", describe(&e))),
+    }
+    let data = dot_stuffed(message);
+    for block in data.chunks(64 * 1024) {
+        let written = tokio::time::timeout(timeout, async {
+            c.stream.write_all(block).await?;
+            c.stream.flush().await
+        })
+        .await;
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                // The last block carries the dot: it may have gone out.
+                return Attempt::Temporary {
+                    why: format!("sending the message: {e}"),
+                    after_dot: true,
+                };
+            }
+            Err(_) => {
+                return Attempt::Temporary {
+                    why: "sending the message: timed out".into(),
+                    after_dot: true,
+                };
+            }
+        }
+    }
+    let lost = |why: String| Attempt::Temporary {
+        why: format!("reply to the final dot: {why}"),
+        after_dot: true,
+    };
+    match tokio::time::timeout(timeout, c.read()).await {
+        Ok(Ok(r)) if (200..300).contains(&r.code) => accepted(&r),
+        Ok(Ok(r)) if (500..600).contains(&r.code) => unwelcome(Stage::Message, "message", &r),
+        Ok(Ok(r)) => Attempt::Temporary {
+            why: format!("message: {}", format_reply(&r)),
+            after_dot: true,
+        },
+        Ok(Err(e)) => lost(describe(&e)),
+        Err(_) => lost("timed out".into()),
+    }
+}
+
+/// A 2xx to the final dot: the queue id, and the replay marker line.
+fn accepted(r: &Response<String>) -> Attempt {
+    let mut lines = r.message.lines();
+    let replay = lines
+        .next()
+        .is_some_and(|l| l.trim().eq_ignore_ascii_case("Idempotency-Replay: true"));
+    let queue_id = r
+        .message
+        .lines()
+        .last()
+        .and_then(|l| l.split("queued as ").nth(1))
+        .map(|id| id.trim().to_owned())
+        .filter(|id| !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric()));
+    Attempt::Accepted {
+        queue_id,
+        replay,
+        reply: format_reply(r),
+    }
+}
+
+/// The message dot-stuffed (RFC 5321 4.5.2), with the final `.` line.
+/// `message` ends in CRLF.
+pub fn dot_stuffed(message: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(message.len() + message.len() / 64 + 5);
+    let mut line_start = true;
+    for &b in message {
+        if line_start && b == b'.' {
+            out.push(b'.');
+        }
+        out.push(b);
+        line_start = b == b'\n';
+    }
+    out.extend_from_slice(b".\r\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(code: u16, esc: [u8; 3], message: &str) -> Response<String> {
+        Response {
+            code,
+            esc,
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn a_replay_is_recognised_and_its_queue_id_read() {
+        let r = reply(
+            250,
+            [2, 0, 0],
+            "Idempotency-Replay: true\nOk: queued as 01ABCDEFGHJ",
+        );
+        assert_eq!(
+            accepted(&r),
+            Attempt::Accepted {
+                queue_id: Some("01ABCDEFGHJ".into()),
+                replay: true,
+                reply: "250 2.0.0 Idempotency-Replay: true / Ok: queued as 01ABCDEFGHJ".into(),
+            }
+        );
+        let r = reply(250, [2, 0, 0], "Ok: queued as 01ABCDEFGHJ");
+        assert!(matches!(
+            accepted(&r),
+            Attempt::Accepted {
+                replay: false,
+                queue_id: Some(_),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn refusals_map_to_sysexits() {
+        let at = |stage, code, esc| refusal_exit(stage, &reply(code, esc, "x"));
+        assert_eq!(at(Stage::Mail, 553, [5, 7, 1]), Exit::NoPerm);
+        assert_eq!(at(Stage::Connect, 535, [5, 7, 8]), Exit::NoPerm);
+        assert_eq!(at(Stage::Mail, 530, [5, 7, 0]), Exit::NoPerm);
+        assert_eq!(at(Stage::Message, 550, [5, 6, 0]), Exit::DataErr);
+        assert_eq!(at(Stage::Message, 554, [5, 6, 0]), Exit::DataErr);
+        assert_eq!(at(Stage::Message, 550, [0, 0, 0]), Exit::DataErr);
+        assert_eq!(at(Stage::Rcpt, 550, [5, 1, 1]), Exit::Unavailable);
+        assert_eq!(at(Stage::Connect, 554, [0, 0, 0]), Exit::Unavailable);
+    }
+
+    #[test]
+    fn server_text_is_escaped_for_the_terminal() {
+        let r = reply(550, [5, 0, 0], "bad\u{1b}[31m");
+        assert_eq!(format_reply(&r), "550 5.0.0 bad\\u{1b}[31m");
+    }
+
+    #[test]
+    fn dots_are_stuffed() {
+        assert_eq!(
+            dot_stuffed(b".a\r\nb.\r\n..\r\n"),
+            b"..a\r\nb.\r\n...\r\n.\r\n"
+        );
+    }
+}
