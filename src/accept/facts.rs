@@ -6,6 +6,7 @@
 use crate::idempotency::fingerprint::{Fingerprint, fingerprint_checked};
 use crate::idempotency::key::{KeyError, extract_key};
 use crate::idempotency::mime_limits::{self, MimeLimitError, MimeLimits};
+use crate::idempotency::volatile::VolatileHeaders;
 use crate::smtp::reply::Reply;
 use crate::smtp::session::Submission;
 
@@ -33,7 +34,7 @@ pub struct Facts {
 }
 
 impl Facts {
-    pub fn of(sub: &Submission, limits: &MimeLimits) -> Facts {
+    pub fn of(sub: &Submission, limits: &MimeLimits, volatile: &VolatileHeaders) -> Facts {
         let verdict = match extract_key(&sub.content) {
             Err(e) => Verdict::BadKey(e),
             Ok(key) => match (mime_limits::check(&sub.content, limits), key) {
@@ -41,7 +42,7 @@ impl Facts {
                 (Ok(_), None) => Verdict::Unkeyed,
                 (Ok(within), Some(key)) => Verdict::Keyed(
                     key,
-                    fingerprint_checked(&sub.reverse_path, &sub.recipients, &within),
+                    fingerprint_checked(&sub.reverse_path, &sub.recipients, &within, volatile),
                 ),
             },
         };

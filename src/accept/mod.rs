@@ -21,6 +21,7 @@ use crate::idempotency::decision::{Decision, decide, replay_reply};
 use crate::idempotency::fingerprint::Fingerprint;
 use crate::idempotency::key_hash;
 use crate::idempotency::mime_limits::MimeLimits;
+use crate::idempotency::volatile::VolatileHeaders;
 use crate::smtp::reply::Reply;
 use crate::smtp::session::Submission;
 use crate::store::{
@@ -46,6 +47,8 @@ pub struct Acceptor {
     retention: Duration,
     hostname: String,
     mime_limits: MimeLimits,
+    /// Top-level headers whose values the fingerprint leaves out.
+    volatile: Arc<VolatileHeaders>,
     pool: Pool,
 }
 
@@ -62,6 +65,7 @@ impl Acceptor {
         retention: Duration,
         hostname: String,
         limits: &Limits,
+        volatile: VolatileHeaders,
     ) -> Result<Self, String> {
         let pool = Pool::start(Pool::default_threads()).map_err(|e| e.to_string())?;
         Ok(Self {
@@ -74,6 +78,7 @@ impl Acceptor {
                 max_depth: limits.max_mime_depth,
                 max_parts: limits.max_mime_parts,
             },
+            volatile: Arc::new(volatile),
             pool,
         })
     }
@@ -88,12 +93,13 @@ impl Acceptor {
         let peer = sub.peer;
         let limits = self.mime_limits;
         let looked_at = if sub.content.len() <= INLINE_MAX {
-            let facts = Facts::of(&sub, &limits);
+            let facts = Facts::of(&sub, &limits, &self.volatile);
             Ok((sub, facts))
         } else {
+            let volatile = Arc::clone(&self.volatile);
             self.pool
                 .run(move || {
-                    let facts = Facts::of(&sub, &limits);
+                    let facts = Facts::of(&sub, &limits, &volatile);
                     (sub, facts)
                 })
                 .await
