@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::config::Limits;
 use crate::idempotency::claims::Claims;
-use crate::idempotency::decision::{Decision, decide, replay_reply};
+use crate::idempotency::decision::{Decision, conflict_reply, decide, replay_reply};
 use crate::idempotency::fingerprint::Fingerprint;
 use crate::idempotency::key_hash;
 use crate::idempotency::mime_limits::MimeLimits;
@@ -173,12 +173,7 @@ impl Acceptor {
                     %workspace, key = %keyed.hash, queue_id = entry.queue_id.as_deref().unwrap_or("-"),
                     "refused E01005: key reused for a different message"
                 );
-                Reply::new(
-                    550,
-                    "5.6.0",
-                    "E01005 IdempotencyKeyReuse: key already used for a different message",
-                )
-                .to_bytes()
+                conflict_reply(entry)
             }
         }
         // `_claim` drops here, after the commit resolved either way.
