@@ -175,7 +175,8 @@ fn swaks(d: &Daemon, subject: &str, key: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The server's lines after DATA in a swaks transcript (`<-` in plaintext).
+/// The server's lines after DATA in a swaks transcript (`<-` in plaintext,
+/// `<**` for an error reply).
 fn data_reply(transcript: &str) -> Vec<String> {
     let lines: Vec<&str> = transcript.lines().collect();
     let end = lines
@@ -185,8 +186,8 @@ fn data_reply(transcript: &str) -> Vec<String> {
     lines[end..]
         .iter()
         .map(|l| l.trim_start())
-        .filter(|l| l.starts_with("<-"))
-        .map(|l| l.trim_start_matches("<-").trim().to_owned())
+        .filter_map(|l| l.strip_prefix("<-").or_else(|| l.strip_prefix("<**")))
+        .map(|l| l.trim().to_owned())
         .filter(|l| !l.starts_with("221"))
         .collect()
 }
