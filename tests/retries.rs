@@ -264,3 +264,44 @@ async fn conflict_with_a_stored_rejection_says_so() {
     c.quit().await;
     assert_eq!(d.queue_count(), 0);
 }
+
+#[tokio::test]
+async fn entries_stored_strictly_still_replay_identical_bytes() {
+    // An entry stored under `volatile_headers = []` holds the strict
+    // fingerprint, the same as every entry stored before the rule existed:
+    // after the switch to the default (an upgrade), an identical retry
+    // must still replay.
+    let mut d = Daemon::start(Options {
+        idempotency_extra: "volatile_headers = []".into(),
+        ..Options::default()
+    });
+    let built = |date: &str| {
+        format!(
+            "From: alice@example.test\r\nDate: {date}\r\nMessage-ID: <m1@example.test>\r\n\
+             X-Bird-Idempotency-Key: upgrade-1\r\n\r\nbody\r\n"
+        )
+        .into_bytes()
+    };
+    let m = built("Tue, 01 Dec 2026 03:00:00 +0000");
+    let mut c = Client::login(d.plain, "alice").await;
+    let first = c.submit(FROM, TO, &m).await;
+    c.quit().await;
+    assert_eq!(first.code, 250, "{first:?}");
+    let id = first.queue_id().expect("queue id");
+
+    let config = std::fs::read_to_string(&d.config_path).expect("config");
+    std::fs::write(&d.config_path, config.replace("volatile_headers = []", "")).expect("config");
+    d.restart();
+
+    let mut c = Client::login(d.plain, "alice").await;
+    let again = c.submit(FROM, TO, &m).await;
+    assert!(again.is_replay(), "{again:?}\n{}", d.log());
+    assert_eq!(again.queue_id().as_deref(), Some(id.as_str()));
+    // A rebuilt retry of an entry stored strictly is still a conflict.
+    let rebuilt = c
+        .submit(FROM, TO, &built("Tue, 01 Dec 2026 03:00:02 +0000"))
+        .await;
+    c.quit().await;
+    assert!(rebuilt.has(&format!("(queued as {id})")), "{rebuilt:?}");
+    assert_eq!(d.queue_count(), 1);
+}

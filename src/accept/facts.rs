@@ -52,3 +52,16 @@ impl Facts {
         }
     }
 }
+
+/// The fingerprint with every header value counting, as stored before
+/// volatile headers existed (or under `volatile_headers = []`). `None` if
+/// the content is over the limits (it passed them once, so never here).
+pub fn strict_fingerprint(sub: &Submission, limits: &MimeLimits) -> Option<Fingerprint> {
+    let within = mime_limits::check(&sub.content, limits).ok()?;
+    Some(fingerprint_checked(
+        &sub.reverse_path,
+        &sub.recipients,
+        &within,
+        &VolatileHeaders::none(),
+    ))
+}

@@ -30,7 +30,7 @@ use crate::store::{
 };
 use crate::trace::received_header;
 
-use facts::{Facts, Verdict};
+use facts::{Facts, Verdict, strict_fingerprint};
 use from_header::FromError;
 use pool::Pool;
 
@@ -169,6 +169,13 @@ impl Acceptor {
                 replay_reply(&entry.reply)
             }
             Decision::Conflict(entry) => {
+                if self.matches_strictly(sub, &entry.fingerprint).await {
+                    tracing::info!(
+                        %workspace, key = %keyed.hash, queue_id = entry.queue_id.as_deref().unwrap_or("-"),
+                        "replayed stored reply (entry stored with every header value counting)"
+                    );
+                    return replay_reply(&entry.reply);
+                }
                 tracing::info!(
                     %workspace, key = %keyed.hash, queue_id = entry.queue_id.as_deref().unwrap_or("-"),
                     "refused E01005: key reused for a different message"
@@ -177,6 +184,28 @@ impl Acceptor {
             }
         }
         // `_claim` drops here, after the commit resolved either way.
+    }
+
+    /// Whether `stored` is this message's strict fingerprint: an entry
+    /// stored before volatile headers existed, or under `volatile_headers =
+    /// []`, holds that one, and an identical retry of it is a replay, not a
+    /// conflict (an upgrade or that config change within the retention
+    /// window). Only asked on a conflict, so the common path hashes once.
+    async fn matches_strictly(&self, sub: Submission, stored: &Fingerprint) -> bool {
+        if self.volatile.is_empty() {
+            return false;
+        }
+        let limits = self.mime_limits;
+        let strict = if sub.content.len() <= INLINE_MAX {
+            strict_fingerprint(&sub, &limits)
+        } else {
+            self.pool
+                .run(move || strict_fingerprint(&sub, &limits))
+                .await
+                .ok()
+                .flatten()
+        };
+        strict.as_ref() == Some(stored)
     }
 
     /// Processes the message as a new operation: a permanent rejection or a
