@@ -264,6 +264,9 @@ pub struct RawIdempotency {
     pub retention: String,
     #[serde(default = "default_purge_interval")]
     pub purge_interval: String,
+    /// Top-level headers whose values the fingerprint leaves out.
+    #[serde(default = "default_volatile_headers")]
+    pub volatile_headers: Vec<String>,
 }
 
 impl Default for RawIdempotency {
@@ -271,6 +274,7 @@ impl Default for RawIdempotency {
         Self {
             retention: default_retention(),
             purge_interval: default_purge_interval(),
+            volatile_headers: default_volatile_headers(),
         }
     }
 }
@@ -378,6 +382,9 @@ fn default_tls_mode() -> String {
 fn default_retention() -> String {
     "3h".into()
 }
+fn default_volatile_headers() -> Vec<String> {
+    vec!["Date".into(), "Message-ID".into()]
+}
 fn default_purge_interval() -> String {
     "60s".into()
 }
@@ -437,6 +444,8 @@ pub struct Config {
     pub trusted_networks: Vec<TrustedNetwork>,
     pub retention: Duration,
     pub purge_interval: Duration,
+    /// `[idempotency] volatile_headers`: header names, valid field names.
+    pub volatile_headers: Vec<String>,
     pub relay: Relay,
     pub delivery: Delivery,
     pub limits: Limits,
@@ -724,6 +733,14 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         "idempotency.purge_interval",
         &raw.idempotency.purge_interval,
     );
+    for name in &raw.idempotency.volatile_headers {
+        if !is_field_name(name) {
+            p.add(
+                "idempotency.volatile_headers",
+                format!("{name:?} is not a header name (printable ASCII, no spaces or colon)"),
+            );
+        }
+    }
 
     let r = &raw.relay;
     let relay = match r.mode.as_str() {
@@ -792,6 +809,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         trusted_networks,
         retention,
         purge_interval,
+        volatile_headers: raw.idempotency.volatile_headers.clone(),
         relay,
         delivery,
         limits,
@@ -837,6 +855,15 @@ fn validate_auth(a: &RawAuth, p: &mut Problems) -> AuthSettings {
 
 /// Account names and workspaces end up in replies, logs and the
 /// `Received:` header: printable, no spaces, at most 255 bytes.
+/// Whether `name` can be a header field name (RFC 5322: printable ASCII
+/// except the colon, at least one character).
+fn is_field_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| (0x21..=0x7e).contains(&b) && b != b':')
+}
+
 fn check_label(value: &str) -> Result<(), String> {
     if value.is_empty() {
         return Err("must not be empty".into());
@@ -1126,6 +1153,32 @@ mode = "pigeon"
         ] {
             assert!(err.contains(key), "{key} missing from {err}");
         }
+    }
+
+    #[test]
+    fn volatile_headers_default_and_checked_by_key() {
+        let base = "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n[[listener]]\naddr = \"127.0.0.1:0\"\n\
+                    [[trusted_network]]\ncidr = \"127.0.0.1\"\nworkspace = \"w\"\n[relay]\nmode = \"mx\"\n";
+        let load = |extra: &str| Config::from_toml(Path::new("x.toml"), &format!("{base}{extra}"));
+        let defaults = load("").map(|c| c.volatile_headers);
+        assert_eq!(
+            defaults.map_err(|e| e.to_string()),
+            Ok(vec!["Date".into(), "Message-ID".into()])
+        );
+        let strict = load("[idempotency]\nvolatile_headers = []\n").map(|c| c.volatile_headers);
+        assert_eq!(strict.ok(), Some(Vec::new()));
+        let err =
+            load("[idempotency]\nvolatile_headers = [\"Date\", \"Message ID\", \"X:Y\", \"\"]\n")
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+        for bad in ["\"Message ID\" is not", "\"X:Y\" is not", "\"\" is not"] {
+            assert!(
+                err.contains(&format!("idempotency.volatile_headers: {bad}")),
+                "{bad} missing from {err}"
+            );
+        }
+        assert!(!err.contains("\"Date\" is not"), "{err}");
     }
 
     #[test]

@@ -14,6 +14,7 @@ use smtp_once::idempotency::fingerprint::fingerprint as message_fingerprint;
 use smtp_once::idempotency::key::{
     MAX_KEY_CHARS, extract_key, header_section_len, top_level_headers,
 };
+use smtp_once::idempotency::volatile::VolatileHeaders;
 use smtp_once::smtp::budget::InFlightBudget;
 use smtp_once::smtp::content_check::check_content;
 use smtp_once::smtp::path_command::{parse_mail, parse_rcpt};
@@ -272,12 +273,15 @@ pub fn key(data: &[u8]) {
 
 // ---------------------------------------------------------------- fingerprint
 
-/// The fingerprint on arbitrary MIME: no panic, and deterministic.
+/// The fingerprint on arbitrary MIME, with the default volatile headers and
+/// strict: no panic, and deterministic.
 pub fn fingerprint(data: &[u8]) {
     let recipients = ["b@example.test".to_string(), "a@example.test".to_string()];
-    let first = message_fingerprint("s@example.test", &recipients, data);
-    let again = message_fingerprint("s@example.test", &recipients, data);
-    assert_eq!(first, again, "fingerprint not deterministic");
+    for volatile in [VolatileHeaders::default(), VolatileHeaders::none()] {
+        let first = message_fingerprint("s@example.test", &recipients, data, &volatile);
+        let again = message_fingerprint("s@example.test", &recipients, data, &volatile);
+        assert_eq!(first, again, "fingerprint not deterministic");
+    }
 }
 
 // ---------------------------------------------------------------- config

@@ -6,6 +6,7 @@
 use crate::idempotency::fingerprint::{Fingerprint, fingerprint_checked};
 use crate::idempotency::key::{KeyError, extract_key};
 use crate::idempotency::mime_limits::{self, MimeLimitError, MimeLimits};
+use crate::idempotency::volatile::VolatileHeaders;
 use crate::smtp::reply::Reply;
 use crate::smtp::session::Submission;
 
@@ -33,7 +34,7 @@ pub struct Facts {
 }
 
 impl Facts {
-    pub fn of(sub: &Submission, limits: &MimeLimits) -> Facts {
+    pub fn of(sub: &Submission, limits: &MimeLimits, volatile: &VolatileHeaders) -> Facts {
         let verdict = match extract_key(&sub.content) {
             Err(e) => Verdict::BadKey(e),
             Ok(key) => match (mime_limits::check(&sub.content, limits), key) {
@@ -41,7 +42,7 @@ impl Facts {
                 (Ok(_), None) => Verdict::Unkeyed,
                 (Ok(within), Some(key)) => Verdict::Keyed(
                     key,
-                    fingerprint_checked(&sub.reverse_path, &sub.recipients, &within),
+                    fingerprint_checked(&sub.reverse_path, &sub.recipients, &within, volatile),
                 ),
             },
         };
@@ -50,4 +51,17 @@ impl Facts {
             from_rejection: from_header::rejection(&sub.submitter, &sub.content),
         }
     }
+}
+
+/// The fingerprint with every header value counting, as stored before
+/// volatile headers existed (or under `volatile_headers = []`). `None` if
+/// the content is over the limits (it passed them once, so never here).
+pub fn strict_fingerprint(sub: &Submission, limits: &MimeLimits) -> Option<Fingerprint> {
+    let within = mime_limits::check(&sub.content, limits).ok()?;
+    Some(fingerprint_checked(
+        &sub.reverse_path,
+        &sub.recipients,
+        &within,
+        &VolatileHeaders::none(),
+    ))
 }

@@ -17,10 +17,11 @@ use std::time::Duration;
 
 use crate::config::Limits;
 use crate::idempotency::claims::Claims;
-use crate::idempotency::decision::{Decision, decide, replay_reply};
+use crate::idempotency::decision::{Decision, conflict_reply, decide, replay_reply};
 use crate::idempotency::fingerprint::Fingerprint;
 use crate::idempotency::key_hash;
 use crate::idempotency::mime_limits::MimeLimits;
+use crate::idempotency::volatile::VolatileHeaders;
 use crate::smtp::reply::Reply;
 use crate::smtp::session::Submission;
 use crate::store::{
@@ -29,7 +30,7 @@ use crate::store::{
 };
 use crate::trace::received_header;
 
-use facts::{Facts, Verdict};
+use facts::{Facts, Verdict, strict_fingerprint};
 use from_header::FromError;
 use pool::Pool;
 
@@ -46,6 +47,8 @@ pub struct Acceptor {
     retention: Duration,
     hostname: String,
     mime_limits: MimeLimits,
+    /// Top-level headers whose values the fingerprint leaves out.
+    volatile: Arc<VolatileHeaders>,
     pool: Pool,
 }
 
@@ -62,6 +65,7 @@ impl Acceptor {
         retention: Duration,
         hostname: String,
         limits: &Limits,
+        volatile: VolatileHeaders,
     ) -> Result<Self, String> {
         let pool = Pool::start(Pool::default_threads()).map_err(|e| e.to_string())?;
         Ok(Self {
@@ -74,6 +78,7 @@ impl Acceptor {
                 max_depth: limits.max_mime_depth,
                 max_parts: limits.max_mime_parts,
             },
+            volatile: Arc::new(volatile),
             pool,
         })
     }
@@ -88,12 +93,13 @@ impl Acceptor {
         let peer = sub.peer;
         let limits = self.mime_limits;
         let looked_at = if sub.content.len() <= INLINE_MAX {
-            let facts = Facts::of(&sub, &limits);
+            let facts = Facts::of(&sub, &limits, &self.volatile);
             Ok((sub, facts))
         } else {
+            let volatile = Arc::clone(&self.volatile);
             self.pool
                 .run(move || {
-                    let facts = Facts::of(&sub, &limits);
+                    let facts = Facts::of(&sub, &limits, &volatile);
                     (sub, facts)
                 })
                 .await
@@ -163,19 +169,43 @@ impl Acceptor {
                 replay_reply(&entry.reply)
             }
             Decision::Conflict(entry) => {
+                if self.matches_strictly(sub, &entry.fingerprint).await {
+                    tracing::info!(
+                        %workspace, key = %keyed.hash, queue_id = entry.queue_id.as_deref().unwrap_or("-"),
+                        "replayed stored reply (entry stored with every header value counting)"
+                    );
+                    return replay_reply(&entry.reply);
+                }
                 tracing::info!(
                     %workspace, key = %keyed.hash, queue_id = entry.queue_id.as_deref().unwrap_or("-"),
                     "refused E01005: key reused for a different message"
                 );
-                Reply::new(
-                    550,
-                    "5.6.0",
-                    "E01005 IdempotencyKeyReuse: key already used for a different message",
-                )
-                .to_bytes()
+                conflict_reply(entry)
             }
         }
         // `_claim` drops here, after the commit resolved either way.
+    }
+
+    /// Whether `stored` is this message's strict fingerprint: an entry
+    /// stored before volatile headers existed, or under `volatile_headers =
+    /// []`, holds that one, and an identical retry of it is a replay, not a
+    /// conflict (an upgrade or that config change within the retention
+    /// window). Only asked on a conflict, so the common path hashes once.
+    async fn matches_strictly(&self, sub: Submission, stored: &Fingerprint) -> bool {
+        if self.volatile.is_empty() {
+            return false;
+        }
+        let limits = self.mime_limits;
+        let strict = if sub.content.len() <= INLINE_MAX {
+            strict_fingerprint(&sub, &limits)
+        } else {
+            self.pool
+                .run(move || strict_fingerprint(&sub, &limits))
+                .await
+                .ok()
+                .flatten()
+        };
+        strict.as_ref() == Some(stored)
     }
 
     /// Processes the message as a new operation: a permanent rejection or a

@@ -41,6 +41,28 @@ pub fn replay_reply(stored: &[u8]) -> Vec<u8> {
     out
 }
 
+/// `550 5.6.0 E01005`, naming what the key already belongs to (in the
+/// submitter's own workspace: the lookup is per workspace), so that an
+/// application can reconcile: the queue id of the first message, or the code
+/// of the stored rejection.
+pub fn conflict_reply(entry: &LedgerEntry) -> Vec<u8> {
+    let what = match &entry.queue_id {
+        Some(id) => format!("a different message (queued as {id})"),
+        None => match entry
+            .reply
+            .get(..3)
+            .filter(|c| c.iter().all(u8::is_ascii_digit))
+        {
+            Some(code) => format!(
+                "a message that was rejected ({})",
+                String::from_utf8_lossy(code)
+            ),
+            None => "a message that was rejected".to_owned(),
+        },
+    };
+    format!("550 5.6.0 E01005 IdempotencyKeyReuse: key already used for {what}\r\n").into_bytes()
+}
+
 fn is_enhanced_code(s: &[u8]) -> bool {
     let parts: Vec<&[u8]> = s.split(|&b| b == b'.').collect();
     parts.len() == 3
@@ -69,6 +91,23 @@ mod tests {
         assert_eq!(decide(None, &[1; 32]), Decision::Execute);
         assert_eq!(decide(Some(&e), &[1; 32]), Decision::Replay(&e));
         assert_eq!(decide(Some(&e), &[2; 32]), Decision::Conflict(&e));
+    }
+
+    #[test]
+    fn conflict_names_the_queue_id_or_the_rejection() {
+        assert_eq!(
+            conflict_reply(&entry(1)),
+            b"550 5.6.0 E01005 IdempotencyKeyReuse: key already used for a different message (queued as X)\r\n"
+        );
+        let rejected = LedgerEntry {
+            reply: b"553 5.7.1 From not allowed\r\n".to_vec(),
+            queue_id: None,
+            ..entry(1)
+        };
+        assert_eq!(
+            conflict_reply(&rejected),
+            b"550 5.6.0 E01005 IdempotencyKeyReuse: key already used for a message that was rejected (553)\r\n"
+        );
     }
 
     #[test]

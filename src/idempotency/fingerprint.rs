@@ -9,7 +9,16 @@
 //!   `multipart/*` message (nested multiparts too) the boundary string and the
 //!   order of the parts do not count. Everything else does: every header
 //!   (whitespace included, only the boundary parameter's value is left out),
-//!   preamble, epilogue, delimiter transport padding and every part's bytes.
+//!   preamble, epilogue, delimiter transport padding and every part's bytes;
+//! - and except the values of the volatile top-level headers
+//!   ([`VolatileHeaders`], by default `Date` and `Message-ID`), which mail
+//!   libraries stamp afresh on every attempt. Such a field is hashed with its
+//!   value (after the colon up to the line break that ends the field, folded
+//!   lines included) replaced by a fixed marker: its name as written, its
+//!   position, the colon and the line break count. Part headers and the
+//!   headers of attached messages stay strict. A message without any volatile
+//!   field hashes exactly as before the rule existed (stored fingerprints stay
+//!   valid), one with them under its own tag.
 //!
 //! Framing: each hash input starts with a tag and every variable-length field
 //! is preceded by its length (u64, little endian), so different inputs cannot
@@ -35,11 +44,14 @@
 //!   `[profile.dev.package.mail-parser]`
 //!   `debug-assertions = false` and `overflow-checks = false`.
 
+use std::ops::Range;
+
 use mail_parser::{Message, MessageParser, MimeHeaders, PartType};
 use sha2::{Digest, Sha256};
 
 use super::key::{field_spans, top_level_headers};
 use super::mime_limits::{self, MimeLimits, WithinLimits};
+use super::volatile::VolatileHeaders;
 
 pub type Fingerprint = [u8; 32];
 
@@ -54,6 +66,22 @@ const CONTENT_MIME: u8 = 1;
 const NODE_LEAF: u8 = 2;
 /// Canonical hash of a multipart MIME part.
 const NODE_MULTIPART: u8 = 3;
+/// Content hashed byte for byte, volatile header values replaced by markers.
+const CONTENT_RAW_VOLATILE: u8 = 4;
+/// The root multipart part, volatile header values replaced by markers.
+const NODE_MULTIPART_VOLATILE: u8 = 5;
+
+/// Part headers below the root: every value counts.
+static STRICT: VolatileHeaders = VolatileHeaders::none();
+
+/// What a cut out of hashed header bytes stood for: the marker hashed in
+/// its place (only written when a header has a volatile cut, so headers
+/// without one hash as before the rule existed).
+#[derive(Clone, Copy)]
+enum Cut {
+    Boundary = 0,
+    Volatile = 1,
+}
 
 /// Deeper multipart nesting is hashed raw: it bounds our recursion on hostile
 /// input (mail-parser itself does not limit multipart depth) and real mail
@@ -63,13 +91,18 @@ const MAX_MIME_DEPTH: usize = 32;
 /// SHA-256 over the envelope and the content (SPEC section 3), for content
 /// not yet checked against the MIME limits: content over the default limits
 /// is hashed raw, never parsed.
-pub fn fingerprint(reverse_path: &str, recipients: &[String], content: &[u8]) -> Fingerprint {
+pub fn fingerprint(
+    reverse_path: &str,
+    recipients: &[String],
+    content: &[u8],
+    volatile: &VolatileHeaders,
+) -> Fingerprint {
     let within = if is_multipart(content) {
         mime_limits::check(content, &MimeLimits::default()).ok()
     } else {
         None
     };
-    hash(reverse_path, recipients, content, within.as_ref())
+    hash(reverse_path, recipients, content, within.as_ref(), volatile)
 }
 
 /// SHA-256 over the envelope and content that passed the MIME limits.
@@ -77,8 +110,15 @@ pub fn fingerprint_checked(
     reverse_path: &str,
     recipients: &[String],
     content: &WithinLimits<'_>,
+    volatile: &VolatileHeaders,
 ) -> Fingerprint {
-    hash(reverse_path, recipients, content.content(), Some(content))
+    hash(
+        reverse_path,
+        recipients,
+        content.content(),
+        Some(content),
+        volatile,
+    )
 }
 
 fn hash(
@@ -86,6 +126,7 @@ fn hash(
     recipients: &[String],
     content: &[u8],
     within: Option<&WithinLimits<'_>>,
+    volatile: &VolatileHeaders,
 ) -> Fingerprint {
     let mut h = Sha256::new();
     put(&mut h, VERSION_TAG);
@@ -99,14 +140,24 @@ fn hash(
         put(&mut h, r.as_bytes());
     }
 
-    match within.and_then(canonical_mime_hash) {
+    match within.and_then(|w| canonical_mime_hash(w, volatile)) {
         Some(root) => {
             h.update([CONTENT_MIME]);
             h.update(root);
         }
         None => {
-            h.update([CONTENT_RAW]);
-            put(&mut h, content);
+            let cuts: Vec<(Range<usize>, Cut)> = volatile
+                .value_spans(content)
+                .into_iter()
+                .map(|r| (r, Cut::Volatile))
+                .collect();
+            if cuts.is_empty() {
+                h.update([CONTENT_RAW]);
+                put(&mut h, content);
+            } else {
+                h.update([CONTENT_RAW_VOLATILE]);
+                put_with_cuts(&mut h, content, &cuts, true);
+            }
         }
     }
     h.finalize().into()
@@ -117,7 +168,7 @@ fn hash(
 /// mail-parser's view of it is not a clean tree of byte ranges covering the
 /// whole message (malformed input). Falling back to raw bytes only ever makes
 /// fingerprints *more* sensitive, never lets two different messages match.
-fn canonical_mime_hash(within: &WithinLimits<'_>) -> Option<[u8; 32]> {
+fn canonical_mime_hash(within: &WithinLimits<'_>, volatile: &VolatileHeaders) -> Option<[u8; 32]> {
     let content = within.content();
     if !is_multipart(content) {
         return None;
@@ -137,6 +188,7 @@ fn canonical_mime_hash(within: &WithinLimits<'_>) -> Option<[u8; 32]> {
     Canon {
         msg: &msg,
         raw: content,
+        volatile,
     }
     .node(0, content.len(), 0)
 }
@@ -155,6 +207,8 @@ fn is_multipart(content: &[u8]) -> bool {
 struct Canon<'m, 'x> {
     msg: &'m Message<'x>,
     raw: &'x [u8],
+    /// Applies to the root's header only (the top-level header section).
+    volatile: &'m VolatileHeaders,
 }
 
 impl Canon<'_, '_> {
@@ -222,8 +276,8 @@ impl Canon<'_, '_> {
         // The order of the parts does not count.
         hashes.sort_unstable();
 
-        h.update([NODE_MULTIPART]);
-        put_header_without_boundary(&mut h, header, boundary)?;
+        let volatile = if id == 0 { self.volatile } else { &STRICT };
+        put_multipart_header(&mut h, header, boundary, volatile)?;
         put_len(&mut h, hashes.len());
         let mut delimiter = Vec::with_capacity(boundary.len() + 2);
         delimiter.extend_from_slice(b"--");
@@ -238,34 +292,61 @@ impl Canon<'_, '_> {
     }
 }
 
-/// Hashes a multipart part's header bytes with the value of the boundary
-/// parameter of Content-Type cut out: `boundary="abc"`, `boundary="xyz"` and
-/// `boundary=xyz` all hash as `boundary=`. Only a value equal to the boundary
-/// mail-parser actually used is cut, so no other parameter can be ignored.
-fn put_header_without_boundary(h: &mut Sha256, header: &[u8], boundary: &[u8]) -> Option<()> {
+/// Hashes a multipart part's node tag and header bytes with the value of the
+/// boundary parameter of Content-Type cut out: `boundary="abc"`,
+/// `boundary="xyz"` and `boundary=xyz` all hash as `boundary=`. Only a value
+/// equal to the boundary mail-parser actually used is cut, so no other
+/// parameter can be ignored. The values of `volatile` fields are cut too
+/// (a volatile Content-Type whole, boundary included).
+fn put_multipart_header(
+    h: &mut Sha256,
+    header: &[u8],
+    boundary: &[u8],
+    volatile: &VolatileHeaders,
+) -> Option<()> {
     let mut cuts = Vec::new();
+    let mut boundaries = Vec::new();
     for field in field_spans(header) {
-        if header
-            .get(field.name.clone())?
-            .eq_ignore_ascii_case(b"Content-Type")
-        {
+        let name = header.get(field.name.clone())?;
+        if volatile.contains(name) {
+            cuts.push((field.value, Cut::Volatile));
+        } else if name.eq_ignore_ascii_case(b"Content-Type") {
+            boundaries.clear();
             boundary_values(
                 header,
                 field.value.start,
                 field.value.end,
                 boundary,
-                &mut cuts,
+                &mut boundaries,
             )?;
+            cuts.extend(boundaries.iter().map(|&(s, e)| (s..e, Cut::Boundary)));
         }
     }
+    let has_volatile = cuts.iter().any(|(_, c)| matches!(c, Cut::Volatile));
+    h.update([if has_volatile {
+        NODE_MULTIPART_VOLATILE
+    } else {
+        NODE_MULTIPART
+    }]);
+    put_with_cuts(h, header, &cuts, has_volatile);
+    Some(())
+}
+
+/// Hashes `bytes` as the pieces between `cuts` (in order, disjoint). With
+/// `marked`, each cut's kind is hashed after the piece before it; without,
+/// every cut is a boundary value (the encoding from before volatile headers).
+/// The cuts come from `field_spans` over `bytes`, so they are in range.
+fn put_with_cuts(h: &mut Sha256, bytes: &[u8], cuts: &[(Range<usize>, Cut)], marked: bool) {
     put_len(h, cuts.len() + 1);
     let mut pos = 0;
-    for (start, end) in cuts {
-        put(h, header.get(pos..start)?);
-        pos = end;
+    for (range, cut) in cuts {
+        put(h, bytes.get(pos..range.start).unwrap_or_default());
+        if marked {
+            h.update([*cut as u8]);
+        }
+        pos = range.end;
     }
-    put(h, header.get(pos..)?);
-    Some(())
+    put(h, bytes.get(pos..).unwrap_or_default());
 }
 
 /// Appends to `cuts` the ranges (absolute in `buf`) of every `boundary`
@@ -416,7 +497,16 @@ mod tests {
 
     /// The canonical hash under the default MIME limits.
     fn canonical(content: &[u8]) -> Option<[u8; 32]> {
-        canonical_mime_hash(&mime_limits::check(content, &MimeLimits::default()).ok()?)
+        canonical_mime_hash(
+            &mime_limits::check(content, &MimeLimits::default()).ok()?,
+            &VolatileHeaders::default(),
+        )
+    }
+
+    /// The fingerprint under the default volatile headers (the daemon's
+    /// default), so every strictness test below holds with the rule on.
+    fn fingerprint(r: &str, rcpts: &[String], content: &[u8]) -> Fingerprint {
+        super::fingerprint(r, rcpts, content, &VolatileHeaders::default())
     }
 
     fn rcpts(r: &[&str]) -> Vec<String> {
@@ -797,6 +887,181 @@ mod tests {
         assert_eq!(fp(&m), fp(&m));
     }
 
+    // ---- volatile top-level headers ----
+
+    fn fp_with(content: &str, volatile: &VolatileHeaders) -> Fingerprint {
+        super::fingerprint(
+            "a@example.com",
+            &rcpts(&["b@example.com"]),
+            content.as_bytes(),
+            volatile,
+        )
+    }
+
+    /// A plain message as a library would build it.
+    fn built(date: &str, id: &str) -> String {
+        format!(
+            "From: a@example.com\r\nDate: {date}\r\nSubject: report\r\n\
+             Message-ID: {id}\r\nX-Bird-Idempotency-Key: k1\r\n\r\nbody\r\n"
+        )
+    }
+
+    const DATE1: &str = "Tue, 01 Dec 2026 02:55:15 +0000";
+    const DATE2: &str = "Tue, 01 Dec 2026 02:55:17 -0000";
+
+    #[test]
+    fn volatile_values_do_not_count() {
+        let a = fp(&built(DATE1, "<1.2@host>"));
+        assert_eq!(a, fp(&built(DATE2, "<3.4@other-host>")));
+        // Any value, the empty one and a folded one included.
+        assert_eq!(a, fp(&built("", "<x>")));
+        assert_eq!(a, fp(&built("Tue, 01 Dec 2026\r\n 02:55:15 +0000", "<x>")));
+        assert_eq!(a, fp(&built(DATE1, "\r\n\t<folded@host>")));
+        // The header name is compared without case.
+        let v = VolatileHeaders::new(["date", "MESSAGE-id"]);
+        assert_eq!(
+            fp_with(&built(DATE1, "<a>"), &v),
+            fp_with(&built(DATE2, "<b>"), &v)
+        );
+    }
+
+    #[test]
+    fn strict_when_no_volatile_headers() {
+        let strict = VolatileHeaders::none();
+        assert_ne!(
+            fp_with(&built(DATE1, "<a>"), &strict),
+            fp_with(&built(DATE2, "<a>"), &strict)
+        );
+        assert_ne!(
+            fp_with(&built(DATE1, "<a>"), &strict),
+            fp_with(&built(DATE1, "<b>"), &strict)
+        );
+        // Only the configured names are volatile.
+        let mailer = VolatileHeaders::new(["X-Mailer"]);
+        let m = |mailer: &str, date: &str| format!("X-Mailer: {mailer}\r\nDate: {date}\r\n\r\nb");
+        assert_eq!(
+            fp_with(&m("a 1", DATE1), &mailer),
+            fp_with(&m("b 2", DATE1), &mailer)
+        );
+        assert_ne!(
+            fp_with(&m("a 1", DATE1), &mailer),
+            fp_with(&m("a 1", DATE2), &mailer)
+        );
+    }
+
+    #[test]
+    fn messages_without_volatile_fields_hash_as_before() {
+        // Stored fingerprints stay valid: no volatile field, no change.
+        for m in [
+            "Subject: x\r\n\r\nbody".to_string(),
+            multipart("multipart/mixed", "B", &[P1, P2, MSG]),
+        ] {
+            assert_eq!(fp(&m), fp_with(&m, &VolatileHeaders::none()));
+        }
+        // With one, the content takes another tag than its strict hash.
+        let m = built(DATE1, "<a>");
+        assert_ne!(fp(&m), fp_with(&m, &VolatileHeaders::none()));
+    }
+
+    #[test]
+    fn volatile_names_and_positions_count() {
+        let a = fp(&built(DATE1, "<a>"));
+        // Absent.
+        assert_ne!(
+            a,
+            fp(&built(DATE1, "<a>").replace(&format!("Date: {DATE1}\r\n"), ""))
+        );
+        // Moved after Subject.
+        let moved = built(DATE1, "<a>").replace(
+            &format!("Date: {DATE1}\r\nSubject: report\r\n"),
+            &format!("Subject: report\r\nDate: {DATE1}\r\n"),
+        );
+        assert_ne!(a, fp(&moved));
+        // The name as written, and space before the colon.
+        assert_ne!(a, fp(&built(DATE1, "<a>").replace("Date:", "DATE:")));
+        assert_ne!(a, fp(&built(DATE1, "<a>").replace("Date:", "Date :")));
+        // Twice.
+        let twice = built(DATE1, "<a>").replace("Subject:", &format!("Date: {DATE1}\r\nSubject:"));
+        assert_ne!(a, fp(&twice));
+        // The line break that ends the field.
+        assert_ne!(
+            a,
+            fp(&built(DATE1, "<a>").replacen("\r\nSubject", "\nSubject", 1))
+        );
+        // A value cannot swallow the next field.
+        let other = "From: a@example.com\r\nDate: x\r\nSubject: other\r\n\
+                     Message-ID: <a>\r\nX-Bird-Idempotency-Key: k1\r\n\r\nbody\r\n";
+        assert_ne!(a, fp(other));
+    }
+
+    #[test]
+    fn other_headers_and_body_stay_strict() {
+        let a = fp(&built(DATE1, "<a>"));
+        let b = built(DATE2, "<b>");
+        assert_ne!(a, fp(&b.replace("Subject: report", "Subject:  report")));
+        assert_ne!(a, fp(&b.replace("Subject: report", "Subject: report ")));
+        assert_ne!(a, fp(&b.replace("From: a@", "From:  a@")));
+        assert_ne!(a, fp(&b.replace("body", "bodY")));
+        // A Date: line in the body is body.
+        let with_body = |d: &str| format!("Date: {DATE1}\r\n\r\nDate: {d}\r\n");
+        assert_ne!(fp(&with_body("1")), fp(&with_body("2")));
+        // Without a blank line everything is header section.
+        assert_eq!(fp("Subject: x\r\nDate: 1"), fp("Subject: x\r\nDate: 2"));
+    }
+
+    #[test]
+    fn multipart_top_level_volatile_part_headers_strict() {
+        let top = |date: &str, id: &str, boundary: &str, parts: &[&str]| {
+            multipart("multipart/mixed", boundary, parts).replace(
+                "Subject: test\r\n",
+                &format!("Subject: test\r\nDate: {date}\r\nMessage-ID: {id}\r\n"),
+            )
+        };
+        let a = top(DATE1, "<a>", "B", &[P1, P2]);
+        assert_mime(&a);
+        let af = fp(&a);
+        // Values, boundary and order together.
+        assert_eq!(af, fp(&top(DATE2, "<b>", "C", &[P2, P1])));
+        // Top-level names and the rest of the top-level header still count.
+        assert_ne!(af, fp(&a.replace("Date:", "date:")));
+        assert_ne!(
+            af,
+            fp(&top(DATE2, "<b>", "B", &[P1, P2]).replace("Subject: test", "Subject:  test"))
+        );
+        // Part headers are strict, Date and Message-ID included.
+        let part = |date: &str| format!("Date: {date}\r\nContent-Type: text/plain\r\n\r\nx");
+        assert_ne!(
+            fp(&top(DATE1, "<a>", "B", &[&part(DATE1), P2])),
+            fp(&top(DATE1, "<a>", "B", &[&part(DATE2), P2]))
+        );
+        // So are nested parts and attached messages.
+        let inner = |id: &str| nested("N", &[&format!("Message-ID: {id}\r\n\r\nx"), P2]);
+        assert_ne!(
+            fp(&top(DATE1, "<a>", "B", &[&inner("<1>"), P1])),
+            fp(&top(DATE1, "<a>", "B", &[&inner("<2>"), P1]))
+        );
+        let attached =
+            |d: &str| format!("Content-Type: message/rfc822\r\n\r\nDate: {d}\r\n\r\ninner");
+        assert_ne!(
+            fp(&top(DATE1, "<a>", "B", &[&attached(DATE1), P1])),
+            fp(&top(DATE1, "<a>", "B", &[&attached(DATE2), P1]))
+        );
+        // Folded top-level value.
+        assert_eq!(af, fp(&top("Tue, 01 Dec\r\n 2026", "<a>", "B", &[P1, P2])));
+    }
+
+    #[test]
+    fn volatile_content_type_is_cut_whole() {
+        let v = VolatileHeaders::new(["Content-Type"]);
+        let a = multipart("multipart/mixed", "B", &[P1, P2]);
+        let b = multipart("multipart/mixed", "C", &[P2, P1]);
+        assert_eq!(fp_with(&a, &v), fp_with(&b, &v));
+        assert_ne!(
+            fp_with(&a, &v),
+            fp_with(&a.replace("Subject: test", "Subject: tesT"), &v)
+        );
+    }
+
     // ---- property tests ----
 
     /// Safe content: no uppercase letters, so `--` + an uppercase boundary
@@ -895,6 +1160,39 @@ mod tests {
             let mut changed = parts.clone();
             changed[which.index(parts.len())].header.insert(0, ' ');
             prop_assert_ne!(fp(&render(&b, &parts)), fp(&render(&b, &changed)));
+        }
+
+        #[test]
+        fn only_volatile_values_are_left_out(
+            fields in proptest::collection::vec(
+                (proptest::sample::select(&["Date", "Message-ID", "Subject", "From", "X-Custom"][..]),
+                 "[ -~]{0,20}", "[ -~]{0,20}", any::<bool>()),
+                1..8,
+            ),
+            which in any::<prop::sample::Index>(),
+        ) {
+            let render = |second: bool| {
+                let mut m = String::new();
+                for (name, v1, v2, fold) in &fields {
+                    let v = if second && ["Date", "Message-ID"].contains(name) { v2 } else { v1 };
+                    let fold = if *fold { "\r\n " } else { "" };
+                    m.push_str(&format!("{name}: {v}{fold}x\r\n"));
+                }
+                m.push_str("\r\nbody\r\n");
+                m
+            };
+            let first = render(false);
+            prop_assert_eq!(fp(&first), fp(&render(true)));
+            // A space added to any field's value: equal exactly when volatile.
+            let (name, v1, _, fold) = &fields[which.index(fields.len())];
+            let fold = if *fold { "\r\n " } else { "" };
+            let line = format!("{name}: {v1}{fold}x\r\n");
+            let changed = first.replacen(&line, &format!("{name}:  {v1}{fold}x\r\n"), 1);
+            if ["Date", "Message-ID"].contains(name) {
+                prop_assert_eq!(fp(&first), fp(&changed));
+            } else {
+                prop_assert_ne!(fp(&first), fp(&changed));
+            }
         }
 
         #[test]

@@ -21,6 +21,7 @@ use tokio::task::JoinSet;
 use crate::accept::Acceptor;
 use crate::auth::{AuthError, Authenticator, NewAccount};
 use crate::config::{Config, TlsMode};
+use crate::idempotency::volatile::VolatileHeaders;
 use crate::smtp::budget::InFlightBudget;
 use crate::smtp::session::{Session, SessionConfig};
 use crate::store::{Store, now_millis};
@@ -88,6 +89,7 @@ impl Server {
                 config.retention,
                 config.hostname.clone(),
                 &config.limits,
+                VolatileHeaders::new(config.volatile_headers.iter().cloned()),
             )?,
             auth: authenticator(config).map_err(|e| e.to_string())?,
             tls: tls.clone(),

@@ -45,6 +45,8 @@ pub struct Options {
     pub extra: String,
     /// Lines inside `[auth]` (other sections can go in `extra`).
     pub auth_extra: String,
+    /// Lines inside `[idempotency]`.
+    pub idempotency_extra: String,
     /// Replaces the whole `[relay]` section (default: file mode into
     /// `outbox/`); `extra` is appended after it either way.
     pub relay: Option<String>,
@@ -67,6 +69,7 @@ impl Default for Options {
             trusted_network: None,
             extra: String::new(),
             auth_extra: String::new(),
+            idempotency_extra: String::new(),
             relay: None,
             plain_addr: None,
             env: Vec::new(),
@@ -327,6 +330,7 @@ allow_plaintext = {plain}
 [idempotency]
 retention = "{retention}"
 purge_interval = "{purge}"
+{idempotency_extra}
 
 {relay}
 {extra}
@@ -343,6 +347,7 @@ purge_interval = "{purge}"
         purge = o.purge_interval,
         extra = o.extra,
         auth_extra = o.auth_extra,
+        idempotency_extra = o.idempotency_extra,
     )
 }
 
