@@ -16,5 +16,6 @@ pub mod private_fs;
 pub mod server;
 pub mod smtp;
 pub mod store;
+pub mod terminal;
 pub mod tls;
 pub mod trace;
