@@ -213,20 +213,34 @@ fn check_config(path: PathBuf) -> Result<(), String> {
 
 fn hash_password() -> Result<(), String> {
     let stdin = std::io::stdin();
-    if stdin.is_terminal() {
-        eprint!("Password: ");
-        let _ = std::io::stderr().flush();
-    }
-    let mut line = String::new();
-    stdin
-        .lock()
-        .read_line(&mut line)
-        .map_err(|e| format!("cannot read password from stdin: {e}"))?;
-    let password = line.trim_end_matches(['\r', '\n']);
-    if password.is_empty() {
-        return Err("empty password on stdin".into());
-    }
-    println!("{}", crate::auth::hash_password(password)?);
+    // On a terminal: no echo, and typed twice since it cannot be seen.
+    // Otherwise (`echo -n pw | smtp-once hash-password`): one plain line.
+    let password = if stdin.is_terminal() {
+        let hidden = |prompt| {
+            crate::terminal::read_hidden_line(prompt)
+                .map_err(|e| format!("cannot read the password without echo: {e}"))
+        };
+        let first = hidden("Password: ")?;
+        if first.is_empty() {
+            return Err("empty password".into());
+        }
+        if hidden("Again: ")? != first {
+            return Err("the two passwords differ; nothing printed".into());
+        }
+        first
+    } else {
+        let mut line = String::new();
+        stdin
+            .lock()
+            .read_line(&mut line)
+            .map_err(|e| format!("cannot read password from stdin: {e}"))?;
+        let password = line.trim_end_matches(['\r', '\n']).to_string();
+        if password.is_empty() {
+            return Err("empty password on stdin".into());
+        }
+        password
+    };
+    println!("{}", crate::auth::hash_password(&password)?);
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! The TOML configuration: parsed strictly (`deny_unknown_fields`), then
 //! validated into typed settings. Every problem is reported with the key it
-//! belongs to, so `check-config` can list them all at once.
+//! belongs to, so `check-config` can list them all at once: unknown keys,
+//! values of the wrong type and missing keys included (see `parse_raw`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -9,6 +10,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::auth::{AuthSettings, Cidr, SenderPattern, ThrottleSettings};
+
+mod parse;
+use parse::{drop_repeats, parse_raw};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -556,23 +560,31 @@ impl Config {
     }
 
     pub fn from_toml(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
         let base = path
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("."));
+        let mut structural = Problems::default();
+        let parsed = parse_raw(table, &mut structural);
         let mut problems = Problems::default();
-        let config = validate(raw, path, &base, &mut problems);
-        if problems.0.is_empty() {
-            Ok(config)
-        } else {
-            Err(ConfigError::Invalid {
+        let config = parsed.map(|(raw, reported)| {
+            let config = validate(raw, path, &base, &mut problems);
+            drop_repeats(&mut problems, &reported);
+            config
+        });
+        structural.0.append(&mut problems.0);
+        match config {
+            Some(config) if structural.0.is_empty() => Ok(config),
+            _ => Err(ConfigError::Invalid {
                 path: path.to_path_buf(),
-                problems: problems.0,
-            })
+                problems: structural.0,
+            }),
         }
     }
 }

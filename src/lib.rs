@@ -17,5 +17,6 @@ pub mod send;
 pub mod server;
 pub mod smtp;
 pub mod store;
+pub mod terminal;
 pub mod tls;
 pub mod trace;

@@ -51,7 +51,7 @@ pub struct BenchArgs {
     /// message size in bytes (body padded to reach it)
     #[arg(long, default_value_t = 4096)]
     pub size: usize,
-    /// share of messages (0.0..=1.0) that reuse an already-sent key with the identical message (replays)
+    /// share of messages (0.0..=1.0) sent again: an already-sent message, same key and bytes (the server should answer with a replay)
     #[arg(long, default_value_t = 0.0)]
     pub repeat: f64,
     /// send messages without an idempotency key
@@ -114,6 +114,12 @@ pub enum BenchError {
     Worker(String),
     #[error("no message got a reply ({errors} connection errors; last: {last})")]
     AllFailed { errors: u64, last: String },
+    #[error("no message was accepted: all {messages} refused ({refusals}){hint}")]
+    NothingAccepted {
+        messages: u64,
+        refusals: String,
+        hint: &'static str,
+    },
 }
 
 #[derive(Serialize, Debug)]
@@ -121,47 +127,126 @@ pub struct BenchReport {
     /// Messages that got a final reply (any code).
     pub messages: u64,
     pub seconds: f64,
+    /// `messages / seconds`: refusals count too, so read it with `accepted`.
     pub msgs_per_sec: f64,
     /// From writing the message body to reading the final reply.
     pub latency_ms: LatencyMs,
-    /// Reply code ("250", "451", ...) -> count, one per message; plus
-    /// "replay" for replies carrying `Idempotency-Replay: true`.
+    /// Reply code ("250", "530", ...) -> count, one per message.
     pub replies: BTreeMap<String, u64>,
-    /// Replays the client deliberately sent (`--repeat`); retries after a
-    /// connection error are not counted here.
-    pub replays_sent: u64,
+    /// Messages that got a 2xx reply (replays included).
+    pub accepted: u64,
+    /// What the server answered: 2xx replies carrying
+    /// `Idempotency-Replay: true` (the key was already accepted).
+    pub replayed_by_server: u64,
+    /// What the client meant: messages deliberately sent again with an
+    /// already-used key (`--repeat`). Retries after a connection error are
+    /// not counted here.
+    pub repeats_sent: u64,
     /// Connection-level failures (connect, TLS, I/O, timeouts, protocol).
     pub errors: u64,
 }
 
 impl BenchReport {
     pub fn print_human(&self) {
-        let replies = self
-            .replies
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join("  ");
+        print!("{}", self.human());
+    }
+
+    /// The text summary. "replayed by server" is what the server answered,
+    /// "repeats sent" what the client meant to send again.
+    pub fn human(&self) -> String {
         let l = &self.latency_ms;
-        println!("messages      {}", self.messages);
-        println!("seconds       {:.3}", self.seconds);
-        println!("msgs/sec      {:.1}", self.msgs_per_sec);
-        println!(
-            "latency ms    p50 {:.3}  p90 {:.3}  p99 {:.3}  max {:.3}",
-            l.p50, l.p90, l.p99, l.max
-        );
-        println!("replies       {replies}");
-        println!("replays sent  {}", self.replays_sent);
-        println!("errors        {}", self.errors);
+        format!(
+            "messages            {}\n\
+             seconds             {:.3}\n\
+             msgs/sec            {:.1}\n\
+             latency ms          p50 {:.3}  p90 {:.3}  p99 {:.3}  max {:.3}\n\
+             replies             {}\n\
+             accepted            {}\n\
+             replayed by server  {}\n\
+             repeats sent        {}\n\
+             errors              {}\n",
+            self.messages,
+            self.seconds,
+            self.msgs_per_sec,
+            l.p50,
+            l.p90,
+            l.p99,
+            l.max,
+            format_codes(&self.replies),
+            self.accepted,
+            self.replayed_by_server,
+            self.repeats_sent,
+            self.errors,
+        )
     }
 
     pub fn to_json(&self) -> Result<String, BenchError> {
         Ok(serde_json::to_string_pretty(self)?)
     }
+
+    /// Messages whose final reply was not 2xx.
+    pub fn refused(&self) -> u64 {
+        self.messages - self.accepted.min(self.messages)
+    }
+
+    /// The non-2xx part of `replies`, e.g. `530=10  553=2`.
+    fn refusals(&self) -> String {
+        let refused: BTreeMap<String, u64> = self
+            .replies
+            .iter()
+            .filter(|(code, _)| !code.starts_with('2'))
+            .map(|(code, n)| (code.clone(), *n))
+            .collect();
+        format_codes(&refused)
+    }
+
+    /// A line for stderr when some (not all) messages were refused.
+    pub fn warning(&self) -> Option<String> {
+        if self.refused() == 0 || self.accepted == 0 {
+            return None;
+        }
+        Some(format!(
+            "warning: {} of {} messages refused ({}); msgs/sec counts them too",
+            self.refused(),
+            self.messages,
+            self.refusals()
+        ))
+    }
+
+    /// The run failed when messages got replies but none was accepted: the
+    /// msgs/sec figure would then measure refusals, not submissions.
+    pub fn verdict(&self) -> Result<(), BenchError> {
+        if self.messages > 0 && self.accepted == 0 {
+            return Err(BenchError::NothingAccepted {
+                messages: self.messages,
+                refusals: self.refusals(),
+                hint: refusal_hint(&self.replies),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn format_codes(codes: &BTreeMap<String, u64>) -> String {
+    codes
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("  ")
+}
+
+/// A pointer for the refusals a newcomer meets first.
+fn refusal_hint(replies: &BTreeMap<String, u64>) -> &'static str {
+    if replies.contains_key("530") {
+        "; 530: the server wants AUTH first, pass --auth user:password (and --starttls if it needs TLS)"
+    } else {
+        "; the server's log says why"
+    }
 }
 
 /// Runs the bench and prints the summary as `--json` asks: what the CLI
-/// subcommand should call.
+/// subcommand should call. The report is printed even when the run failed
+/// (nothing accepted), then the error says why.
 pub async fn run_cli(args: BenchArgs) -> Result<(), BenchError> {
     let json = args.json;
     let report = run(args).await?;
@@ -170,7 +255,10 @@ pub async fn run_cli(args: BenchArgs) -> Result<(), BenchError> {
     } else {
         report.print_human();
     }
-    Ok(())
+    if let Some(warning) = report.warning() {
+        eprintln!("bench: {warning}");
+    }
+    report.verdict()
 }
 
 /// State shared by all connection tasks; read-only except the atomics.
@@ -191,7 +279,8 @@ struct Shared {
 #[derive(Clone, Copy)]
 struct Job {
     seq: u64,
-    replay: bool,
+    /// A deliberate repeat of an already-sent message.
+    repeat: bool,
 }
 
 impl Shared {
@@ -216,13 +305,13 @@ impl Shared {
             let pick = usize::try_from(rng.below(sent.len() as u64)).unwrap_or(0);
             return Some(Job {
                 seq: sent[pick.min(sent.len() - 1)],
-                replay: true,
+                repeat: true,
             });
         }
         sent.push(n);
         Some(Job {
             seq: n,
-            replay: false,
+            repeat: false,
         })
     }
 
@@ -273,14 +362,17 @@ pub async fn run(args: BenchArgs) -> Result<BenchReport, BenchError> {
             last: total.last_error.unwrap_or_default(),
         });
     }
-    let mut replies: BTreeMap<String, u64> = total
+    let replies: BTreeMap<String, u64> = total
         .codes
         .iter()
         .map(|(code, n)| (code.to_string(), *n))
         .collect();
-    if total.replays_seen > 0 {
-        replies.insert("replay".to_string(), total.replays_seen);
-    }
+    let accepted = total
+        .codes
+        .iter()
+        .filter(|(code, _)| (200..300).contains(*code))
+        .map(|(_, n)| n)
+        .sum();
     Ok(BenchReport {
         messages,
         seconds,
@@ -291,7 +383,9 @@ pub async fn run(args: BenchArgs) -> Result<BenchReport, BenchError> {
         },
         latency_ms: LatencyMs::from_micros(&mut total.latencies_us),
         replies,
-        replays_sent: total.replays_sent,
+        accepted,
+        replayed_by_server: total.replayed_by_server,
+        repeats_sent: total.repeats_sent,
         errors: total.errors,
     })
 }
@@ -344,8 +438,8 @@ async fn worker(id: usize, shared: Arc<Shared>) -> ConnStats {
                 Ok(res) => {
                     failures = 0;
                     *stats.codes.entry(res.reply.code).or_default() += 1;
-                    stats.replays_seen += u64::from(res.reply.replay);
-                    stats.replays_sent += u64::from(job.replay);
+                    stats.replayed_by_server += u64::from(res.reply.replay);
+                    stats.repeats_sent += u64::from(job.repeat);
                     if let Some(l) = res.latency {
                         stats
                             .latencies_us

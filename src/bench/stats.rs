@@ -9,8 +9,10 @@ use serde::Serialize;
 pub(super) struct ConnStats {
     pub(super) latencies_us: Vec<u32>,
     pub(super) codes: BTreeMap<u16, u64>,
-    pub(super) replays_seen: u64,
-    pub(super) replays_sent: u64,
+    /// Replies carrying `Idempotency-Replay: true`.
+    pub(super) replayed_by_server: u64,
+    /// Messages the client deliberately sent again (`--repeat`).
+    pub(super) repeats_sent: u64,
     pub(super) errors: u64,
     pub(super) last_error: Option<String>,
 }
@@ -21,8 +23,8 @@ impl ConnStats {
         for (code, n) in other.codes {
             *self.codes.entry(code).or_default() += n;
         }
-        self.replays_seen += other.replays_seen;
-        self.replays_sent += other.replays_sent;
+        self.replayed_by_server += other.replayed_by_server;
+        self.repeats_sent += other.repeats_sent;
         self.errors += other.errors;
         if other.last_error.is_some() {
             self.last_error = other.last_error;

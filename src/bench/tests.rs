@@ -50,6 +50,8 @@ struct ServerOpts {
     drop_after: Option<usize>,
     /// Required AUTH PLAIN token (base64), if any.
     auth: Option<&'static str>,
+    /// Refuse every n-th MAIL FROM on a connection (1: all) with this reply.
+    refuse_mail: Option<(usize, &'static str)>,
 }
 
 /// A received message, un-stuffed, without the terminating ".".
@@ -136,6 +138,9 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     }
     let mut seen_keys = HashSet::new();
     let mut count = 0usize;
+    let mut mails = 0usize;
+    // Inside a mail transaction (after an accepted MAIL).
+    let mut in_txn = false;
     let mut line = Vec::new();
     loop {
         line.clear();
@@ -164,9 +169,22 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             } else {
                 b"535 bad\r\n".to_vec()
             }
+        } else if cmd.starts_with("MAIL")
+            && let Some((every, refusal)) = opts.refuse_mail
+            && {
+                mails += 1;
+                mails.is_multiple_of(every)
+            }
+        {
+            in_txn = false;
+            format!("{refusal}\r\n").into_bytes()
+        } else if (cmd.starts_with("RCPT") || cmd.starts_with("DATA")) && !in_txn {
+            b"503 5.5.1 MAIL first\r\n".to_vec()
         } else if cmd.starts_with("MAIL") || cmd.starts_with("RCPT") || cmd.starts_with("RSET") {
+            in_txn = !cmd.starts_with("RSET");
             b"250 ok\r\n".to_vec()
         } else if cmd.starts_with("DATA") {
+            in_txn = false;
             io.write_all(b"354 go\r\n").await?;
             let mut msg = Vec::new();
             loop {
@@ -285,8 +303,94 @@ async fn repeat_reuses_keys_with_identical_bytes() {
     assert_eq!(received.len(), 200);
     let distinct = distinct_keys(&received).len() as u64;
     assert!(distinct < 200, "distinct {distinct}");
-    assert_eq!(200 - distinct, report.replays_sent);
-    assert_eq!(report.replies.get("replay"), Some(&report.replays_sent));
+    assert_eq!(200 - distinct, report.repeats_sent);
+    assert_eq!(report.replayed_by_server, report.repeats_sent);
+    assert_eq!(report.accepted, 200);
+    // The reply map holds reply codes only; replays are labelled apart.
+    assert_eq!(report.replies.len(), 1, "{:?}", report.replies);
+    let text = report.human();
+    let n = report.repeats_sent;
+    assert!(
+        text.contains(&format!("replayed by server  {n}\n")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("repeats sent        {n}\n")),
+        "{text}"
+    );
+    assert!(!text.contains("replay="), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&report.to_json().expect("json")).expect("parse");
+    assert_eq!(json["replayed_by_server"], n);
+    assert_eq!(json["repeats_sent"], n);
+    assert_eq!(json["accepted"], 200);
+    assert!(json.get("replays_sent").is_none());
+    assert!(report.verdict().is_ok());
+    assert_eq!(report.warning(), None);
+}
+
+/// Every message refused, over a healthy connection: the run reports the
+/// codes but fails, naming them.
+async fn all_refused(pipelining: bool, refusal: &'static str, code: &str) -> BenchError {
+    let server = TestServer::start(ServerOpts {
+        pipelining,
+        refuse_mail: Some((1, refusal)),
+        ..Default::default()
+    })
+    .await;
+    let report = run(args(server.addr, 2, 10)).await.expect("run");
+    assert_eq!(report.messages, 10);
+    assert_eq!(report.replies.get(code), Some(&10), "{:?}", report.replies);
+    assert_eq!((report.accepted, report.errors), (0, 0));
+    assert_eq!(report.refused(), 10);
+    assert!(server.received().is_empty());
+    let mut a = args(server.addr, 2, 10);
+    a.json = true;
+    let cli = run_cli(a).await;
+    assert!(
+        matches!(cli, Err(BenchError::NothingAccepted { .. })),
+        "{cli:?}"
+    );
+    report.verdict().expect_err("nothing accepted must fail")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_accepted_530_fails_with_a_hint() {
+    let err = all_refused(false, "530 5.7.0 Authentication required", "530").await;
+    let msg = err.to_string();
+    assert!(
+        msg.contains("no message was accepted: all 10 refused (530=10)"),
+        "{msg}"
+    );
+    assert!(msg.contains("--auth"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_accepted_553_fails() {
+    let err = all_refused(true, "553 5.7.1 Sender not allowed", "553").await;
+    let msg = err.to_string();
+    assert!(msg.contains("all 10 refused (553=10)"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn some_refused_warns_per_code() {
+    let server = TestServer::start(ServerOpts {
+        pipelining: true,
+        refuse_mail: Some((2, "553 5.7.1 Sender not allowed")),
+        ..Default::default()
+    })
+    .await;
+    let report = run(args(server.addr, 1, 10)).await.expect("run");
+    assert_eq!(report.replies.get("250"), Some(&5), "{:?}", report.replies);
+    assert_eq!(report.replies.get("553"), Some(&5));
+    assert_eq!(report.accepted, 5);
+    assert!(report.verdict().is_ok());
+    let warning = report.warning().expect("warning");
+    assert!(
+        warning.contains("5 of 10 messages refused (553=5)"),
+        "{warning}"
+    );
+    assert_eq!(server.received().len(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
