@@ -7,6 +7,7 @@ pub mod address;
 pub mod auth;
 pub mod bench;
 pub mod cli;
+pub mod client_reply;
 pub mod config;
 pub mod delivery;
 pub mod fd_limit;

@@ -49,3 +49,21 @@ pub fn load_roots(path: &Path) -> Result<RootCertStore, String> {
     }
     Ok(roots)
 }
+
+/// A client connector that verifies servers against the certificates in
+/// `ca_file`, or the system's roots without one.
+pub fn client_connector(ca_file: Option<&Path>) -> Result<tokio_rustls::TlsConnector, String> {
+    // mail-send's system-roots connector uses the process-wide provider:
+    // make sure it is ring's.
+    install_crypto_provider();
+    let Some(path) = ca_file else {
+        return mail_send::smtp::tls::build_tls_connector(false);
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("tls: {e}"))?
+        .with_root_certificates(load_roots(path)?)
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use mail_send::{Credentials, SmtpClient};
-use smtp_proto::{EXT_8BIT_MIME, EXT_SIZE, EXT_SMTP_UTF8, EXT_START_TLS, EhloResponse, Response};
+use smtp_proto::{EXT_8BIT_MIME, EXT_SIZE, EXT_SMTP_UTF8, EXT_START_TLS, EhloResponse};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -17,6 +17,7 @@ use tokio_rustls::client::TlsStream;
 use super::content::dot_stuffed;
 use super::outgoing::Outgoing;
 use super::{RcptResult, Status};
+use crate::client_reply::{describe, format_reply};
 
 #[derive(Clone)]
 pub struct ClientSettings {
@@ -68,26 +69,6 @@ pub enum Session {
     Plain(SmtpClient<TcpStream>, EhloResponse<String>),
     // Boxed: a TLS stream is ten times the size of a TCP one.
     Tls(Box<SmtpClient<TlsStream<TcpStream>>>, EhloResponse<String>),
-}
-
-/// `250 2.0.0 text`, multi-line text joined with ` / `.
-pub fn format_reply(r: &Response<String>) -> String {
-    let text = r.message.trim().replace("\r\n", " / ").replace('\n', " / ");
-    if r.esc == [0, 0, 0] {
-        format!("{} {text}", r.code)
-    } else {
-        format!("{} {}.{}.{} {text}", r.code, r.esc[0], r.esc[1], r.esc[2])
-    }
-}
-
-fn describe(e: &mail_send::Error) -> String {
-    match e {
-        mail_send::Error::UnexpectedReply(r) | mail_send::Error::AuthenticationFailed(r) => {
-            format_reply(r)
-        }
-        mail_send::Error::UnparseableReply => "connection closed or unparseable reply".into(),
-        other => other.to_string(),
-    }
 }
 
 /// The status a reply code gives the recipients it applies to.

@@ -1,7 +1,5 @@
 //! Client TLS for the next hop, always with rustls' `ring` provider.
 
-use std::sync::Arc;
-
 use tokio_rustls::TlsConnector;
 
 use crate::config::TlsTrust;
@@ -9,22 +7,8 @@ use crate::config::TlsTrust;
 /// A connector that verifies the server as `trust` says.
 pub fn connector(trust: &TlsTrust) -> Result<TlsConnector, String> {
     match trust {
-        TlsTrust::CaFile(path) => {
-            let roots = crate::tls::load_roots(path)?;
-            let provider = Arc::new(rustls::crypto::ring::default_provider());
-            let config = rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .map_err(|e| format!("tls: {e}"))?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-            Ok(TlsConnector::from(Arc::new(config)))
-        }
-        // mail-send's connectors use the process-wide provider: make sure
-        // it is ring's.
-        TlsTrust::System => {
-            crate::tls::install_crypto_provider();
-            mail_send::smtp::tls::build_tls_connector(false)
-        }
+        TlsTrust::CaFile(path) => crate::tls::client_connector(Some(path)),
+        TlsTrust::System => crate::tls::client_connector(None),
         TlsTrust::InsecureSkipVerify => unverified(),
     }
 }

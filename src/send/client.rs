@@ -3,7 +3,6 @@
 //! the retry loop needs to know: accepted (and whether it was a replay),
 //! refused for good, or worth another try.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use mail_send::{Credentials, SmtpClient};
@@ -14,6 +13,7 @@ use tokio_rustls::TlsConnector;
 
 use super::exit::Exit;
 use super::spool::Envelope;
+use crate::client_reply::{describe, format_reply};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TlsMode {
@@ -65,53 +65,7 @@ pub enum Attempt {
 
 /// A client TLS connector trusting `ca_file`, or the system's roots.
 pub fn connector(ca_file: Option<&std::path::Path>) -> Result<TlsConnector, String> {
-    crate::tls::install_crypto_provider();
-    let Some(path) = ca_file else {
-        return mail_send::smtp::tls::build_tls_connector(false);
-    };
-    let roots = crate::tls::load_roots(path)?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("tls: {e}"))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(TlsConnector::from(Arc::new(config)))
-}
-
-/// `250 2.0.0 text`, lines joined with ` / `, control characters escaped
-/// (the text is the server's, printed on the user's terminal).
-pub fn format_reply(r: &Response<String>) -> String {
-    let text: String = r
-        .message
-        .trim()
-        .replace("\r\n", " / ")
-        .replace('\n', " / ")
-        .chars()
-        .flat_map(|c| {
-            let escaped: Vec<char> = if c.is_control() {
-                c.escape_default().collect()
-            } else {
-                vec![c]
-            };
-            escaped
-        })
-        .collect();
-    if r.esc == [0, 0, 0] {
-        format!("{} {text}", r.code)
-    } else {
-        format!("{} {}.{}.{} {text}", r.code, r.esc[0], r.esc[1], r.esc[2])
-    }
-}
-
-fn describe(e: &mail_send::Error) -> String {
-    match e {
-        mail_send::Error::UnexpectedReply(r) | mail_send::Error::AuthenticationFailed(r) => {
-            format_reply(r)
-        }
-        mail_send::Error::UnparseableReply => "connection closed or unparseable reply".into(),
-        other => other.to_string(),
-    }
+    crate::tls::client_connector(ca_file)
 }
 
 /// The exit code for a 5xx at `stage`.
