@@ -481,24 +481,3 @@ fn check_config_reports_problems_by_key() {
         String::from_utf8_lossy(&ok.stderr)
     );
 }
-
-#[test]
-fn hash_password_reads_stdin() {
-    use std::io::Write;
-    let mut child = std::process::Command::new(common::BIN)
-        .arg("hash-password")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"s3cret\n")
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
-    let hash = String::from_utf8_lossy(&out.stdout);
-    assert!(hash.starts_with("$argon2id$"), "{hash}");
-    assert!(smtp_once::auth::check_password_hash(hash.trim()).is_ok());
-}
