@@ -114,6 +114,9 @@ struct Refusal {
     /// The client can't be trusted to agree with us on where the message
     /// ended: close after the reply, so nothing pipelined behind runs.
     close: bool,
+    /// A command out of sequence (BDAT without a transaction): counted
+    /// like DATA's, or a client could repeat it for ever.
+    bad_command: bool,
 }
 
 impl Refusal {
@@ -121,6 +124,7 @@ impl Refusal {
         Self {
             reply,
             close: false,
+            bad_command: false,
         }
     }
 }
@@ -679,7 +683,7 @@ impl Session {
             None => Err(self.bad_sequence("Send MAIL first")),
             Some(e) if e.recipients.is_empty() => {
                 self.write(Reply::new(554, "5.5.1", "No valid recipients"));
-                Err(None)
+                Err(self.count_bad_command())
             }
             Some(_) => Ok(()),
         }
@@ -722,7 +726,13 @@ impl Session {
         if let Some(reply) = refuse {
             self.state = State::BdatDiscard {
                 left: chunk_size,
-                refusal: Refusal::keep_open(reply),
+                refusal: Refusal {
+                    // Chunks pipelined behind a failed one are expected
+                    // (and bounded by the message time limit); a BDAT with
+                    // no transaction is the client's error, as for DATA.
+                    bad_command: !self.bdat_failed,
+                    ..Refusal::keep_open(reply)
+                },
             };
             return None;
         }

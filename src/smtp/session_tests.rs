@@ -695,3 +695,31 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn data_or_bdat_out_of_sequence_counts_as_a_bad_command() {
+    // max_bad_commands is 3: the fourth refusal closes, whichever command.
+    let mut s = session(true);
+    let (out, action) = feed(
+        &mut s,
+        b"EHLO me\r\nMAIL FROM:<a@b.test>\r\nDATA\r\nDATA\r\nDATA\r\nDATA\r\n",
+    );
+    assert_eq!(
+        codes(&out),
+        ["250", "250", "554", "554", "554", "554", "421"],
+        "{out}"
+    );
+    assert!(matches!(action, Action::Close));
+
+    let mut s = session(true);
+    let (out, action) = feed(
+        &mut s,
+        b"EHLO me\r\nBDAT 1 LAST\r\nxBDAT 0 LAST\r\nBDAT 0 LAST\r\nBDAT 0 LAST\r\n",
+    );
+    assert_eq!(
+        codes(&out),
+        ["250", "503", "503", "503", "503", "421"],
+        "{out}"
+    );
+    assert!(matches!(action, Action::Close));
+}

@@ -163,6 +163,9 @@ impl Session {
             return Some(Action::Close);
         }
         self.state = State::Command;
+        if refusal.bad_command {
+            return self.count_bad_command();
+        }
         None
     }
 
@@ -208,6 +211,7 @@ impl Session {
                         "Message contains a bare CR or LF; lines must end with CRLF",
                     ),
                     close: true,
+                    bad_command: false,
                 }
             }
             ContentFault::Nul { offset } => {
