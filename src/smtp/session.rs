@@ -302,12 +302,18 @@ impl Session {
     pub fn submission_done(&mut self, reply: &[u8]) {
         // An accepted message shows a real client: its junk allowance
         // starts again (as Postfix does).
-        if reply.starts_with(b"250") {
+        let accepted = reply.starts_with(b"250");
+        if accepted {
             self.junk_commands = 0;
         }
         self.output.extend_from_slice(reply);
         self.reset_transaction();
         self.state = State::Command;
+        // A refused message moves no mail forward either: a client must
+        // not loop on MAIL, RCPT, DATA for ever (junk_limit_reached closes).
+        if !accepted {
+            self.junk_limit_reached();
+        }
     }
 
     /// Processes buffered input until it is drained or an action is needed.
@@ -762,7 +768,7 @@ impl Session {
             tracing::info!(peer = %self.peer, "message rejected: empty");
             self.write(Reply::new(554, "5.6.0", "Message is empty"));
             self.reset_transaction();
-            return None;
+            return self.count_junk();
         }
         self.submit()
     }

@@ -723,3 +723,57 @@ fn data_or_bdat_out_of_sequence_counts_as_a_bad_command() {
     );
     assert!(matches!(action, Action::Close));
 }
+
+#[test]
+fn looping_on_refused_messages_counts_as_junk() {
+    const TX: &[u8] = b"MAIL FROM:<a@b.test>\r\nRCPT TO:<c@d.test>\r\n";
+    // EHLO is the first junk command; each refused message one more.
+    let mut s = session_with(junk_config(2), true);
+    let mut input = b"EHLO me\r\n".to_vec();
+    for _ in 0..2 {
+        input.extend_from_slice(TX);
+        input.extend_from_slice(b"DATA\r\n.\r\n");
+    }
+    let (out, action) = feed(&mut s, &input);
+    assert_eq!(
+        codes(&out),
+        [
+            "250", "250", "250", "354", "554", "250", "250", "354", "554", "421"
+        ],
+        "{out}"
+    );
+    assert!(matches!(action, Action::Close));
+
+    let mut s = session_with(junk_config(2), true);
+    let mut input = b"EHLO me\r\n".to_vec();
+    for _ in 0..2 {
+        input.extend_from_slice(TX);
+        input.extend_from_slice(b"BDAT 3 LAST\r\na\0b");
+    }
+    let (out, action) = feed(&mut s, &input);
+    assert_eq!(
+        codes(&out),
+        ["250", "250", "250", "554", "250", "250", "554", "421"],
+        "{out}"
+    );
+    assert!(matches!(action, Action::Close));
+
+    // Refused by the acceptance pipeline.
+    let mut s = session_with(junk_config(2), true);
+    let (_, _) = feed(&mut s, b"EHLO me\r\n");
+    for round in 0..2 {
+        let mut input = TX.to_vec();
+        input.extend_from_slice(b"DATA\r\nx\r\n.\r\n");
+        let (_, action) = feed(&mut s, &input);
+        assert!(matches!(action, Action::Submit(_)), "{action:?}");
+        s.submission_done(b"554 5.6.0 E01001 ValidationError: no\r\n");
+        let (out, action) = feed(&mut s, b"");
+        if round == 0 {
+            assert_eq!(codes(&out), ["554"], "{out}");
+            assert!(matches!(action, Action::NeedInput));
+        } else {
+            assert_eq!(codes(&out), ["554", "421"], "{out}");
+            assert!(matches!(action, Action::Close));
+        }
+    }
+}

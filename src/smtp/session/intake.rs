@@ -166,7 +166,13 @@ impl Session {
         if refusal.bad_command {
             return self.count_bad_command();
         }
-        None
+        // A refused message moves no mail forward: counted like NOOP, or a
+        // client could loop on it for ever. A failed BDAT transaction is
+        // counted by the RSET it needs, not per pipelined chunk.
+        if self.bdat_failed {
+            return None;
+        }
+        self.count_junk()
     }
 
     /// Room for `incoming` more bytes, taken from the in-flight budget
