@@ -882,7 +882,9 @@ impl Session {
     fn decode_sasl(&mut self, response: &[u8]) -> Result<Vec<u8>, Option<Action>> {
         if response == b"*" {
             self.write(Reply::new(501, "5.7.0", "Authentication cancelled"));
-            return Err(None);
+            // Moves nothing forward: without a count, AUTH and `*` could
+            // be repeated for ever.
+            return Err(self.count_junk());
         }
         if response == b"=" {
             return Ok(Vec::new());

@@ -777,3 +777,21 @@ fn looping_on_refused_messages_counts_as_junk() {
         }
     }
 }
+
+#[test]
+fn looping_on_cancelled_auth_counts_as_junk() {
+    let mut s = session_with(junk_config(3), false);
+    feed(&mut s, b"STARTTLS\r\n");
+    s.tls_started();
+    // EHLO is the first junk command; each cancelled AUTH one more.
+    let (out, action) = feed(
+        &mut s,
+        b"EHLO me\r\nAUTH LOGIN\r\n*\r\nAUTH PLAIN\r\n*\r\nAUTH LOGIN\r\n*\r\n",
+    );
+    assert_eq!(
+        codes(&out),
+        ["250", "334", "501", "334", "501", "334", "501", "421"],
+        "{out}"
+    );
+    assert!(matches!(action, Action::Close));
+}
