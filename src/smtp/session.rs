@@ -796,7 +796,8 @@ impl Session {
         }
         if !self.config.starttls_offered {
             self.write(Reply::new(454, "4.7.0", "TLS not available"));
-            return None;
+            // Else STARTTLS could be repeated for ever.
+            return self.count_junk();
         }
         self.write(Reply::new(220, "2.0.0", "Ready to start TLS"));
         // Plaintext pipelined after STARTTLS must not survive into the TLS

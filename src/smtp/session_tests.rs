@@ -795,3 +795,13 @@ fn looping_on_cancelled_auth_counts_as_junk() {
     );
     assert!(matches!(action, Action::Close));
 }
+
+#[test]
+fn looping_on_starttls_where_it_is_not_offered_counts_as_junk() {
+    let mut c = (*junk_config(2)).clone();
+    c.starttls_offered = false;
+    let mut s = session_with(Arc::new(c), true);
+    let (out, action) = feed(&mut s, b"EHLO me\r\nSTARTTLS\r\nSTARTTLS\r\n");
+    assert_eq!(codes(&out), ["250", "454", "454", "421"], "{out}");
+    assert!(matches!(action, Action::Close));
+}
