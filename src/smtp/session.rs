@@ -276,16 +276,24 @@ impl Session {
                 ));
                 self.count_bad_command();
             }
-            AuthOutcome::TemporaryFailure => self.write(Reply::new(
-                454,
-                "4.7.0",
-                "Temporary authentication failure, try again later",
-            )),
-            AuthOutcome::AccountLocked => self.write(Reply::new(
-                454,
-                "4.7.0",
-                "Too many failed logins for this account, try again later",
-            )),
+            // No hash was checked for these: counted, or AUTH could be
+            // repeated for ever against a locked account or a full queue.
+            AuthOutcome::TemporaryFailure => {
+                self.write(Reply::new(
+                    454,
+                    "4.7.0",
+                    "Temporary authentication failure, try again later",
+                ));
+                self.junk_limit_reached();
+            }
+            AuthOutcome::AccountLocked => {
+                self.write(Reply::new(
+                    454,
+                    "4.7.0",
+                    "Too many failed logins for this account, try again later",
+                ));
+                self.junk_limit_reached();
+            }
             AuthOutcome::IpBanned => {
                 self.write(Reply::new(
                     421,

@@ -805,3 +805,26 @@ fn looping_on_starttls_where_it_is_not_offered_counts_as_junk() {
     assert_eq!(codes(&out), ["250", "454", "454", "421"], "{out}");
     assert!(matches!(action, Action::Close));
 }
+
+#[test]
+fn looping_on_a_temporarily_refused_auth_counts_as_junk() {
+    for outcome in [AuthOutcome::AccountLocked, AuthOutcome::TemporaryFailure] {
+        let mut s = session_with(junk_config(2), false);
+        feed(&mut s, b"STARTTLS\r\n");
+        s.tls_started();
+        let (_, _) = feed(&mut s, b"EHLO me\r\n");
+        for round in 0..2 {
+            let (_, action) = feed(&mut s, b"AUTH PLAIN AGJvYgBwdw==\r\n");
+            assert!(matches!(action, Action::Authenticate { .. }), "{action:?}");
+            s.auth_result(outcome.clone());
+            let (out, action) = feed(&mut s, b"");
+            if round == 0 {
+                assert_eq!(codes(&out), ["454"], "{out}");
+                assert!(matches!(action, Action::NeedInput));
+            } else {
+                assert_eq!(codes(&out), ["454", "421"], "{out}");
+                assert!(matches!(action, Action::Close));
+            }
+        }
+    }
+}
