@@ -427,6 +427,7 @@ impl Session {
         }
         let request = match Request::parse(&mut line.iter()) {
             Ok(r) => r,
+            Err(e) if is_bdat(line) => return self.malformed_bdat(e),
             Err(e) => return self.parse_error(e),
         };
         if is_junk(&request) && self.junk_limit_reached() {
@@ -504,6 +505,19 @@ impl Session {
         };
         self.write(reply);
         self.count_bad_command()
+    }
+
+    /// A BDAT whose chunk size can't be read: the chunk follows all the
+    /// same and where it ends is unknown, so close rather than run the
+    /// client's message as commands.
+    fn malformed_bdat(&mut self, error: ParseError) -> Option<Action> {
+        let action = self.parse_error(error);
+        if self.is_closed() {
+            return action;
+        }
+        tracing::warn!(peer = %self.peer, "malformed BDAT; closing the connection");
+        self.state = State::Closed;
+        Some(Action::Close)
     }
 
     /// Counts a command that carries no mail; past the limit, the session
@@ -973,6 +987,12 @@ fn is_junk(request: &Request<Cow<'_, str>>) -> bool {
             | Request::Ehlo { .. }
             | Request::Helo { .. }
     )
+}
+
+fn is_bdat(line: &[u8]) -> bool {
+    line.get(..4)
+        .is_some_and(|verb| verb.eq_ignore_ascii_case(b"BDAT"))
+        && line.get(4).is_none_or(u8::is_ascii_whitespace)
 }
 
 fn starts_with_auth(line: &[u8]) -> bool {

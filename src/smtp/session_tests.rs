@@ -828,3 +828,21 @@ fn looping_on_a_temporarily_refused_auth_counts_as_junk() {
         }
     }
 }
+
+#[test]
+fn a_malformed_bdat_closes_so_its_chunk_never_runs_as_commands() {
+    // The chunk's length can't be read, so neither can its end: what
+    // follows is the client's message, never commands.
+    for bdat in [
+        &b"BDAT 18446744073709551616 LAST\r\n"[..],
+        b"BDAT 10 LAS\r\n",
+        b"BDAT x\r\n",
+    ] {
+        let mut s = open_transaction(config());
+        let mut input = bdat.to_vec();
+        input.extend_from_slice(b"RSET\r\nMAIL FROM:<a@b.test>\r\n");
+        let (out, action) = feed(&mut s, &input);
+        assert_eq!(codes(&out), ["501"], "{out}");
+        assert!(matches!(action, Action::Close), "{action:?}");
+    }
+}
