@@ -28,6 +28,21 @@ pub const MAX_TRACKED_ACCOUNTS: usize = 16_384;
 pub const KNOWN_ADDRESS_MEMORY: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Addresses remembered per account.
 const KNOWN_ADDRESSES_PER_ACCOUNT: usize = 16;
+/// No account name is longer (config's `check_label`).
+const LONGEST_ACCOUNT_NAME: usize = 255;
+/// The one record for all longer names: none of them is an account, and
+/// AUTH names of kilobytes must not fill the table with kilobyte keys.
+/// (No account name contains a space.)
+const LONG_NAME: &str = "(names over 255 bytes)";
+
+/// The name an attempt is counted under.
+fn account_key(user: &str) -> &str {
+    if user.len() > LONGEST_ACCOUNT_NAME {
+        LONG_NAME
+    } else {
+        user
+    }
+}
 
 /// `[auth]` throttling settings.
 #[derive(Debug, Clone)]
@@ -198,6 +213,7 @@ impl Throttle {
     /// cache included, or a banned guesser could still learn when a guess
     /// was right.
     pub fn refusal(&self, ip: IpAddr, user: &str, now: Instant) -> Option<Admission> {
+        let user = account_key(user);
         let ip = client_key(ip);
         let state = self.state();
         if state.clients.get(&ip).is_some_and(|r| r.banned(now)) {
@@ -211,6 +227,7 @@ impl Throttle {
     /// until [`Throttle::succeeded`], [`Throttle::failed`] or
     /// [`Throttle::not_checked`].
     pub fn admit(&self, ip: IpAddr, user: &str, now: Instant) -> Admission {
+        let user = account_key(user);
         let s = &self.settings;
         let ip = client_key(ip);
         let mut guard = self.state();
@@ -255,6 +272,7 @@ impl Throttle {
 
     /// The in-flight ticket for an attempt [`Throttle::admit`] allowed.
     pub fn in_flight(&self, ip: IpAddr, user: &str) -> InFlight<'_> {
+        let user = account_key(user);
         InFlight {
             throttle: self,
             ip,
@@ -266,6 +284,7 @@ impl Throttle {
     /// The attempt succeeded: it is no longer in flight; remember the
     /// address as one the account logs in from.
     pub fn succeeded(&self, ip: IpAddr, user: &str, now: Instant) {
+        let user = account_key(user);
         self.finished(client_key(ip), user);
         self.remember_login(ip, user, now);
     }
@@ -273,6 +292,7 @@ impl Throttle {
     /// A login known good without a check (the success cache): nothing was
     /// admitted, but the address is remembered all the same.
     pub fn remember_login(&self, ip: IpAddr, user: &str, now: Instant) {
+        let user = account_key(user);
         let ip = client_key(ip);
         let mut state = self.state();
         let list = state.known.entry(user.to_owned()).or_default();
@@ -287,6 +307,7 @@ impl Throttle {
 
     /// The attempt could not be checked (server busy): not the client's fault.
     pub fn not_checked(&self, ip: IpAddr, user: &str) {
+        let user = account_key(user);
         self.finished(client_key(ip), user);
     }
 
@@ -303,6 +324,7 @@ impl Throttle {
     /// The password was wrong. Starts bans when a budget is used up and
     /// returns how long to wait before replying.
     pub fn failed(&self, peer: IpAddr, user: &str, now: Instant) -> Duration {
+        let user = account_key(user);
         let s = &self.settings;
         let ip = client_key(peer);
         self.finished(ip, user);
@@ -462,5 +484,22 @@ mod tests {
             t.admit(a, "x", now);
         }
         assert!(t.state().clients.len() <= MAX_TRACKED_CLIENTS);
+    }
+
+    #[test]
+    fn long_user_names_share_one_small_record() {
+        // No account name is over 255 bytes; kilobyte guesses, one per
+        // address, must not fill the table with kilobyte keys.
+        let t = throttle();
+        let now = Instant::now();
+        for i in 0..4u32 {
+            let a = IpAddr::from(std::net::Ipv4Addr::from(0xc000_0200 + i));
+            let name = format!("{i}{}", "x".repeat(9000));
+            assert_eq!(t.admit(a, &name, now), Admission::Allowed, "{i}");
+            t.failed(a, &name, now);
+        }
+        let state = t.state();
+        let key_bytes: usize = state.accounts.keys().map(String::len).sum();
+        assert!(key_bytes <= 256, "{key_bytes} bytes of keys");
     }
 }
