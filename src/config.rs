@@ -589,6 +589,9 @@ impl Config {
     }
 }
 
+/// The longest duration any setting may have (ten years).
+const MAX_DURATION: Duration = Duration::from_secs(3650 * 86_400);
+
 #[derive(Default)]
 struct Problems(Vec<String>);
 
@@ -598,10 +601,19 @@ impl Problems {
     }
 
     fn duration(&mut self, key: &str, value: &str) -> Duration {
-        parse_duration(value).unwrap_or_else(|e| {
-            self.add(key, e);
-            Duration::ZERO
-        })
+        match parse_duration(value) {
+            // Deadlines are `Instant + duration`: far beyond any sensible
+            // setting, that addition would overflow and panic at run time.
+            Ok(d) if d > MAX_DURATION => {
+                self.add(key, "must be at most 3650d");
+                Duration::ZERO
+            }
+            Ok(d) => d,
+            Err(e) => {
+                self.add(key, e);
+                Duration::ZERO
+            }
+        }
     }
 }
 
@@ -1066,15 +1078,21 @@ pub fn parse_duration(value: &str) -> Result<Duration, String> {
             .unwrap_or(rest.len());
         let unit = &rest[..unit_len];
         rest = &rest[unit_len..];
+        let too_large = || format!("{value:?}: number too large");
+        let secs = |per: u64| {
+            n.checked_mul(per)
+                .map(Duration::from_secs)
+                .ok_or_else(too_large)
+        };
         let part = match unit {
             "ms" => Duration::from_millis(n),
             "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n * 60),
-            "h" => Duration::from_secs(n * 3600),
-            "d" => Duration::from_secs(n * 86400),
+            "m" => secs(60)?,
+            "h" => secs(3600)?,
+            "d" => secs(86400)?,
             _ => return Err(format!("{value:?}: unit must be ms, s, m, h or d")),
         };
-        total += part;
+        total = total.checked_add(part).ok_or_else(too_large)?;
     }
     Ok(total)
 }
@@ -1091,6 +1109,8 @@ mod tests {
         assert!(parse_duration("3 hours").is_err());
         assert!(parse_duration("h").is_err());
         assert!(parse_duration("").is_err());
+        assert!(parse_duration("999999999999999999d").is_err());
+        assert!(parse_duration("18446744073709551615s1s").is_err());
     }
 
     #[test]
@@ -1154,7 +1174,8 @@ mode = "pigeon"
     fn limits_are_checked_by_key() {
         let text = "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n[[listener]]\naddr = \"127.0.0.1:0\"\n\
                     [[trusted_network]]\ncidr = \"127.0.0.1\"\nworkspace = \"w\"\n\
-                    [limits]\nmax_mime_depth = 10001\nmax_connections_per_ip = 0\nwrite_timeout = \"0s\"\n";
+                    [limits]\nmax_mime_depth = 10001\nmax_connections_per_ip = 0\nwrite_timeout = \"0s\"\n\
+                    command_time_limit = \"99999999999999d\"\n";
         let err = Config::from_toml(Path::new("x.toml"), text)
             .unwrap_err()
             .to_string();
@@ -1162,6 +1183,7 @@ mode = "pigeon"
             "limits.max_mime_depth: must be at most 10000",
             "limits.max_connections_per_ip: must be greater than 0",
             "limits.write_timeout: must be greater than 0",
+            "limits.command_time_limit: must be at most 3650d",
         ] {
             assert!(err.contains(key), "{key} missing from {err}");
         }
