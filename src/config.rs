@@ -1067,17 +1067,24 @@ pub fn parse_duration(value: &str) -> Result<Duration, String> {
         let unit = &rest[..unit_len];
         rest = &rest[unit_len..];
         let part = match unit {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n * 60),
-            "h" => Duration::from_secs(n * 3600),
-            "d" => Duration::from_secs(n * 86400),
+            "ms" => Some(Duration::from_millis(n)),
+            "s" => Some(Duration::from_secs(n)),
+            "m" => n.checked_mul(60).map(Duration::from_secs),
+            "h" => n.checked_mul(3600).map(Duration::from_secs),
+            "d" => n.checked_mul(86400).map(Duration::from_secs),
             _ => return Err(format!("{value:?}: unit must be ms, s, m, h or d")),
         };
-        total += part;
+        total = part
+            .and_then(|part| total.checked_add(part))
+            .filter(|t| *t <= MAX_DURATION)
+            .ok_or_else(|| format!("{value:?}: longer than 100 years"))?;
     }
     Ok(total)
 }
+
+/// The longest duration a setting may have: far beyond any real use, and
+/// short enough that adding it to a clock or doubling it cannot overflow.
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 86400);
 
 #[cfg(test)]
 mod tests {
@@ -1130,6 +1137,37 @@ mode = "pigeon"
             "relay.mode",
         ] {
             assert!(keys.contains(&key), "{key} missing from {problems:?}");
+        }
+    }
+
+    /// Durations feed `Instant + d` in every session and `d * 2` in
+    /// validation: one that overflows must be a problem by key, never a
+    /// panic in check-config or in each connection's task.
+    #[test]
+    fn absurd_durations_are_refused_by_key() {
+        assert!(parse_duration("9999999999999999999h").is_err());
+        assert!(parse_duration("18446744073709551615s1s").is_err());
+        let base = "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n[[listener]]\naddr = \"127.0.0.1:0\"\n\
+                    [[trusted_network]]\ncidr = \"127.0.0.1\"\nworkspace = \"w\"\n";
+        for (extra, key) in [
+            (
+                "[limits]\ncommand_time_limit = \"200000000000000d\"\n",
+                "limits.command_time_limit: ",
+            ),
+            (
+                "[relay]\nmode = \"mx\"\ntimeout = \"200000000000000d\"\n",
+                "relay.timeout: ",
+            ),
+            (
+                "[idempotency]\nretention = \"18446744073709551615s1s\"\n",
+                "idempotency.retention: ",
+            ),
+        ] {
+            let err = Config::from_toml(Path::new("x.toml"), &format!("{base}{extra}"))
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{key} missing from {err}");
         }
     }
 
