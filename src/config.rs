@@ -597,6 +597,14 @@ impl Problems {
         self.0.push(format!("{key}: {message}"));
     }
 
+    /// Counts that size a semaphore, which panics above its maximum.
+    fn at_most_permits(&mut self, key: &str, n: usize) {
+        let max = tokio::sync::Semaphore::MAX_PERMITS;
+        if n > max {
+            self.add(key, format!("must be at most {max}"));
+        }
+    }
+
     fn duration(&mut self, key: &str, value: &str) -> Duration {
         parse_duration(value).unwrap_or_else(|e| {
             self.add(key, e);
@@ -636,6 +644,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
     if s.max_connections == 0 {
         p.add("server.max_connections", "must be greater than 0");
     }
+    p.at_most_permits("server.max_connections", s.max_connections);
     let command_timeout = p.duration("server.command_timeout", &s.command_timeout);
     let data_timeout = p.duration("server.data_timeout", &s.data_timeout);
     let shutdown_grace = p.duration("server.shutdown_grace", &s.shutdown_grace);
@@ -989,6 +998,8 @@ fn validate_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Delivery {
     if r.max_per_destination == 0 {
         p.add("relay.max_per_destination", "must be greater than 0");
     }
+    p.at_most_permits("relay.workers", r.workers);
+    p.at_most_permits("relay.max_per_destination", r.max_per_destination);
     if r.mx_port == 0 {
         p.add("relay.mx_port", "must be a port number");
     }
@@ -1167,6 +1178,31 @@ mode = "pigeon"
                 .map(|_| ())
                 .unwrap_err()
                 .to_string();
+            assert!(err.contains(key), "{key} missing from {err}");
+        }
+    }
+
+    /// These size tokio semaphores, which panic above MAX_PERMITS: for
+    /// relay.workers inside the delivery task, leaving a daemon that
+    /// accepts mail and never delivers it.
+    #[test]
+    fn counts_that_size_semaphores_are_bounded() {
+        let huge = 3_000_000_000_000_000_000u64;
+        let text = format!(
+            "[server]\nhostname = \"h\"\ndata_dir = \"d\"\nmax_connections = {huge}\n\
+             [[listener]]\naddr = \"127.0.0.1:0\"\n\
+             [[trusted_network]]\ncidr = \"127.0.0.1\"\nworkspace = \"w\"\n\
+             [relay]\nmode = \"mx\"\nworkers = {huge}\nmax_per_destination = {huge}\n"
+        );
+        let err = Config::from_toml(Path::new("x.toml"), &text)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        for key in [
+            "server.max_connections: must be at most",
+            "relay.workers: must be at most",
+            "relay.max_per_destination: must be at most",
+        ] {
             assert!(err.contains(key), "{key} missing from {err}");
         }
     }
