@@ -28,7 +28,8 @@ impl std::fmt::Debug for Run {
     }
 }
 
-/// `smtp-once send` as alice with `password`, in plaintext.
+/// `smtp-once send` as alice with `password` (without AUTH when empty),
+/// in plaintext.
 async fn send(
     server: SocketAddr,
     spool: &Path,
@@ -36,9 +37,16 @@ async fn send(
     args: &[&str],
     stdin: &[u8],
 ) -> Run {
+    let user: &[&str] = if password.is_empty() {
+        &[]
+    } else {
+        &["--user", "alice"]
+    };
     let mut child = tokio::process::Command::new(BIN)
         .arg("send")
-        .args(["--tls", "none", "--user", "alice", "--server"])
+        .args(["--tls", "none"])
+        .args(user)
+        .arg("--server")
         .arg(server.to_string())
         .arg("--spool")
         .arg(spool)
@@ -108,5 +116,41 @@ async fn a_flush_refused_at_auth_keeps_the_spool() {
     assert_eq!(r.code, Some(0), "{r:?}");
     assert!(r.stdout.starts_with("queued as "), "{r:?}");
     assert_eq!(d.queue_count(), 1);
+    assert!(spooled(&spool).is_empty(), "{:?}", spooled(&spool));
+}
+
+/// The same for a flush without AUTH from an address the server no longer
+/// trusts: `530` to MAIL refuses the session, not the message.
+#[tokio::test]
+async fn a_flush_refused_for_want_of_auth_keeps_the_spool() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let spool = tmp.path().join("spool");
+    let down = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port");
+    let message = b"From: app@example.test\nTo: dest@example.net\nSubject: s\n\nbody\n";
+    let r = send(
+        down,
+        &spool,
+        "",
+        &["--deadline", "2s", "dest@example.net"],
+        message,
+    )
+    .await;
+    assert_eq!(r.code, Some(75), "{r:?}");
+
+    let untrusted = Daemon::start(Options::default());
+    let r = send(untrusted.plain, &spool, "", &["--flush"], b"").await;
+    assert!(r.stderr.contains("530"), "{r:?}");
+    assert_eq!(spooled(&spool).len(), 1, "kept after the 530: {r:?}");
+    assert_eq!(untrusted.queue_count(), 0);
+
+    let trusted = Daemon::start(Options {
+        trusted_network: Some(("127.0.0.0/8", "local")),
+        ..Options::default()
+    });
+    let r = send(trusted.plain, &spool, "", &["--flush"], b"").await;
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert_eq!(trusted.queue_count(), 1);
     assert!(spooled(&spool).is_empty(), "{:?}", spooled(&spool));
 }
