@@ -589,9 +589,6 @@ impl Config {
     }
 }
 
-/// The longest duration any setting may have (ten years).
-const MAX_DURATION: Duration = Duration::from_secs(3650 * 86_400);
-
 #[derive(Default)]
 struct Problems(Vec<String>);
 
@@ -600,20 +597,19 @@ impl Problems {
         self.0.push(format!("{key}: {message}"));
     }
 
-    fn duration(&mut self, key: &str, value: &str) -> Duration {
-        match parse_duration(value) {
-            // Deadlines are `Instant + duration`: far beyond any sensible
-            // setting, that addition would overflow and panic at run time.
-            Ok(d) if d > MAX_DURATION => {
-                self.add(key, "must be at most 3650d");
-                Duration::ZERO
-            }
-            Ok(d) => d,
-            Err(e) => {
-                self.add(key, e);
-                Duration::ZERO
-            }
+    /// Counts that size a semaphore, which panics above its maximum.
+    fn at_most_permits(&mut self, key: &str, n: usize) {
+        let max = tokio::sync::Semaphore::MAX_PERMITS;
+        if n > max {
+            self.add(key, format!("must be at most {max}"));
         }
+    }
+
+    fn duration(&mut self, key: &str, value: &str) -> Duration {
+        parse_duration(value).unwrap_or_else(|e| {
+            self.add(key, e);
+            Duration::ZERO
+        })
     }
 }
 
@@ -648,6 +644,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
     if s.max_connections == 0 {
         p.add("server.max_connections", "must be greater than 0");
     }
+    p.at_most_permits("server.max_connections", s.max_connections);
     let command_timeout = p.duration("server.command_timeout", &s.command_timeout);
     let data_timeout = p.duration("server.data_timeout", &s.data_timeout);
     let shutdown_grace = p.duration("server.shutdown_grace", &s.shutdown_grace);
@@ -1001,6 +998,8 @@ fn validate_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Delivery {
     if r.max_per_destination == 0 {
         p.add("relay.max_per_destination", "must be greater than 0");
     }
+    p.at_most_permits("relay.workers", r.workers);
+    p.at_most_permits("relay.max_per_destination", r.max_per_destination);
     if r.mx_port == 0 {
         p.add("relay.mx_port", "must be a port number");
     }
@@ -1078,24 +1077,25 @@ pub fn parse_duration(value: &str) -> Result<Duration, String> {
             .unwrap_or(rest.len());
         let unit = &rest[..unit_len];
         rest = &rest[unit_len..];
-        let too_large = || format!("{value:?}: number too large");
-        let secs = |per: u64| {
-            n.checked_mul(per)
-                .map(Duration::from_secs)
-                .ok_or_else(too_large)
-        };
         let part = match unit {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => secs(60)?,
-            "h" => secs(3600)?,
-            "d" => secs(86400)?,
+            "ms" => Some(Duration::from_millis(n)),
+            "s" => Some(Duration::from_secs(n)),
+            "m" => n.checked_mul(60).map(Duration::from_secs),
+            "h" => n.checked_mul(3600).map(Duration::from_secs),
+            "d" => n.checked_mul(86400).map(Duration::from_secs),
             _ => return Err(format!("{value:?}: unit must be ms, s, m, h or d")),
         };
-        total = total.checked_add(part).ok_or_else(too_large)?;
+        total = part
+            .and_then(|part| total.checked_add(part))
+            .filter(|t| *t <= MAX_DURATION)
+            .ok_or_else(|| format!("{value:?}: longer than 100 years"))?;
     }
     Ok(total)
 }
+
+/// The longest duration a setting may have: far beyond any real use, and
+/// short enough that adding it to a clock or doubling it cannot overflow.
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 86400);
 
 #[cfg(test)]
 mod tests {
@@ -1153,6 +1153,62 @@ mode = "pigeon"
         }
     }
 
+    /// Durations feed `Instant + d` in every session and `d * 2` in
+    /// validation: one that overflows must be a problem by key, never a
+    /// panic in check-config or in each connection's task.
+    #[test]
+    fn absurd_durations_are_refused_by_key() {
+        assert!(parse_duration("9999999999999999999h").is_err());
+        assert!(parse_duration("18446744073709551615s1s").is_err());
+        let base = "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n[[listener]]\naddr = \"127.0.0.1:0\"\n\
+                    [[trusted_network]]\ncidr = \"127.0.0.1\"\nworkspace = \"w\"\n";
+        for (extra, key) in [
+            (
+                "[limits]\ncommand_time_limit = \"200000000000000d\"\n",
+                "limits.command_time_limit: ",
+            ),
+            (
+                "[relay]\nmode = \"mx\"\ntimeout = \"200000000000000d\"\n",
+                "relay.timeout: ",
+            ),
+            (
+                "[idempotency]\nretention = \"18446744073709551615s1s\"\n",
+                "idempotency.retention: ",
+            ),
+        ] {
+            let err = Config::from_toml(Path::new("x.toml"), &format!("{base}{extra}"))
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{key} missing from {err}");
+        }
+    }
+
+    /// These size tokio semaphores, which panic above MAX_PERMITS: for
+    /// relay.workers inside the delivery task, leaving a daemon that
+    /// accepts mail and never delivers it.
+    #[test]
+    fn counts_that_size_semaphores_are_bounded() {
+        let huge = 3_000_000_000_000_000_000u64;
+        let text = format!(
+            "[server]\nhostname = \"h\"\ndata_dir = \"d\"\nmax_connections = {huge}\n\
+             [[listener]]\naddr = \"127.0.0.1:0\"\n\
+             [[trusted_network]]\ncidr = \"127.0.0.1\"\nworkspace = \"w\"\n\
+             [relay]\nmode = \"mx\"\nworkers = {huge}\nmax_per_destination = {huge}\n"
+        );
+        let err = Config::from_toml(Path::new("x.toml"), &text)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        for key in [
+            "server.max_connections: must be at most",
+            "relay.workers: must be at most",
+            "relay.max_per_destination: must be at most",
+        ] {
+            assert!(err.contains(key), "{key} missing from {err}");
+        }
+    }
+
     #[test]
     fn names_and_workspaces_are_printable() {
         let text = "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n[[listener]]\naddr = \"127.0.0.1:0\"\n\
@@ -1183,7 +1239,7 @@ mode = "pigeon"
             "limits.max_mime_depth: must be at most 10000",
             "limits.max_connections_per_ip: must be greater than 0",
             "limits.write_timeout: must be greater than 0",
-            "limits.command_time_limit: must be at most 3650d",
+            "limits.command_time_limit: \"99999999999999d\": longer than 100 years",
         ] {
             assert!(err.contains(key), "{key} missing from {err}");
         }

@@ -6,7 +6,15 @@ pub fn split_host_port(value: &str, default_port: u16) -> Result<(String, u16), 
         let (host, after) = rest
             .split_once(']')
             .ok_or_else(|| format!("{value:?}: missing ]"))?;
-        (host, after.strip_prefix(':'))
+        let port = match after {
+            "" => None,
+            _ => Some(
+                after
+                    .strip_prefix(':')
+                    .ok_or_else(|| format!("{value:?}: expected :port after ]"))?,
+            ),
+        };
+        (host, port)
     } else {
         match value.rsplit_once(':') {
             Some((h, p)) if !h.contains(':') => (h, Some(p)),
@@ -45,5 +53,8 @@ mod tests {
         assert_eq!(hp("[::1]", 465), Ok(("::1".into(), 465)));
         assert!(hp("host:0", 25).is_err());
         assert!(hp(":25", 25).is_err());
+        // Something after the bracket that is not ":port" is not dropped.
+        assert!(hp("[::1]2525", 587).is_err());
+        assert!(hp("[::1]x:25", 587).is_err());
     }
 }

@@ -146,14 +146,17 @@ impl QueueDb {
         Ok(ids.len())
     }
 
-    /// When the next message becomes due (a lease expiring counts).
-    pub fn next_due(&self) -> Result<Option<UnixMillis>, DeliveryError> {
+    /// When the next message becomes due (a lease expiring counts, except
+    /// the leases of messages still `in_flight` here, which `claim` skips).
+    pub fn next_due(&self, in_flight: &[String]) -> Result<Option<UnixMillis>, DeliveryError> {
+        let in_flight = in_flight.join("\n");
         Ok(self.conn().query_row(
             "SELECT MIN(t) FROM (
                SELECT MIN(next_attempt_at) AS t FROM queue WHERE state IN ('queued', 'deferred')
                UNION ALL
-               SELECT MIN(lease_until) FROM queue WHERE state = 'delivering')",
-            [],
+               SELECT MIN(lease_until) FROM queue WHERE state = 'delivering'
+                 AND instr(char(10) || ?1 || char(10), char(10) || id || char(10)) = 0)",
+            [in_flight],
             |r| r.get(0),
         )?)
     }
@@ -399,7 +402,7 @@ mod tests {
             db.claim(999, 2000, 10, &[]).expect("claim").is_empty(),
             "leased"
         );
-        assert_eq!(db.next_due().expect("due"), Some(1000));
+        assert_eq!(db.next_due(&[]).expect("due"), Some(1000));
         assert_eq!(
             db.claim(1000, 3000, 10, &[]).expect("claim"),
             ["Q1"],
@@ -423,6 +426,23 @@ mod tests {
             })
             .expect("row");
         assert_eq!((state.as_str(), next), ("queued", 1500));
+    }
+
+    /// A record waiting for disk space can outlast the lease; the worker
+    /// does not claim that message again, so its expired lease must not
+    /// count as due either, or the loop wakes every 10 ms until it lands.
+    #[test]
+    fn an_attempt_in_flight_past_its_lease_is_not_due() {
+        let (_dir, db) = setup();
+        assert_eq!(db.claim(100, 1000, 10, &[]).expect("claim"), ["Q1"]);
+        let in_flight = ["Q1".to_owned()];
+        assert!(
+            db.claim(3000, 4000, 10, &in_flight)
+                .expect("claim")
+                .is_empty()
+        );
+        assert_eq!(db.next_due(&in_flight).expect("due"), None);
+        assert_eq!(db.next_due(&[]).expect("due"), Some(1000));
     }
 
     #[test]

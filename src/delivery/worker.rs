@@ -194,7 +194,8 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mu
         let wait = if free == 0 || failed {
             ctx.poll_interval
         } else {
-            match blocking(&ctx.db, |db| db.next_due()).await {
+            let in_flight = ctx.in_flight_ids();
+            match blocking(&ctx.db, move |db| db.next_due(&in_flight)).await {
                 Ok(Some(due)) => {
                     Duration::from_millis(u64::try_from(due - now_millis()).unwrap_or(0))
                         .min(ctx.poll_interval)

@@ -277,6 +277,9 @@ async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
     let mail = format!("MAIL FROM:<{}>", env.from);
     match c.cmd(format!("{mail}{params}\r\n")).await {
         Ok(r) if (200..300).contains(&r.code) => {}
+        // "Authentication required" refuses the session, like a refused
+        // AUTH, and says nothing about the message.
+        Ok(r) if r.code == 530 => return unwelcome(Stage::Connect, &mail, &r),
         Ok(r) => return unwelcome(Stage::Mail, &mail, &r),
         Err(e) => return temporary(format!("{mail}: {}", describe(&e))),
     }

@@ -259,6 +259,19 @@ fn settle(spool: &Spool, entry: Entry, settled: retry::Settled, maybe_sent: bool
         );
     };
     match settled.last {
+        // A refused greeting, EHLO or AUTH (a stale password in a cron
+        // flush) says nothing about the message: one that may be on the
+        // server already, or may never have reached it, is not dropped.
+        Attempt::Refused {
+            stage: Stage::Connect,
+            what,
+            reply,
+            exit,
+        } if maybe_sent || settled.after_dot => {
+            eprintln!("smtp-once send: refused at {what}: {reply}");
+            kept(&entry, &format!("{what} refused before the message"));
+            exit
+        }
         Attempt::Accepted {
             queue_id,
             replay,
