@@ -266,3 +266,182 @@ async fn sweep(pool: Weak<Inner>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The retry rule against a scripted loopback server.
+    use super::*;
+    use crate::delivery::Status;
+    use crate::delivery::smtp::{self, ClientSettings, Security};
+    use std::sync::atomic::AtomicUsize;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    #[derive(Clone, Copy, PartialEq)]
+    enum Step {
+        Accept,
+        Refuse421AtMail,
+        VanishAfterDot,
+    }
+
+    /// What the server does with transaction `txn` (from 1) on connection
+    /// `conn` (from 1).
+    type Script = fn(usize, usize) -> Step;
+
+    struct Server {
+        addr: SocketAddr,
+        conns: Arc<AtomicUsize>,
+        dots: Arc<AtomicUsize>,
+    }
+
+    async fn server(script: Script) -> Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (conns, dots) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (c, d) = (conns.clone(), dots.clone());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let conn = c.fetch_add(1, Ordering::SeqCst) + 1;
+                let dots = d.clone();
+                tokio::spawn(async move {
+                    let _ = serve(stream, conn, script, dots).await;
+                });
+            }
+        });
+        Server { addr, conns, dots }
+    }
+
+    async fn serve(
+        stream: tokio::net::TcpStream,
+        conn: usize,
+        script: Script,
+        dots: Arc<AtomicUsize>,
+    ) -> std::io::Result<()> {
+        let (r, mut w) = stream.into_split();
+        let mut r = BufReader::new(r);
+        w.write_all(b"220 s\r\n").await?;
+        let mut txn = 0;
+        loop {
+            let mut line = String::new();
+            if r.read_line(&mut line).await? == 0 {
+                return Ok(());
+            }
+            let reply = match line.get(..4).unwrap_or_default() {
+                "MAIL" => {
+                    txn += 1;
+                    if script(conn, txn) == Step::Refuse421AtMail {
+                        w.write_all(b"421 4.3.2 closing\r\n").await?;
+                        return Ok(());
+                    }
+                    "250 ok"
+                }
+                "DATA" => {
+                    w.write_all(b"354 go\r\n").await?;
+                    loop {
+                        line.clear();
+                        if r.read_line(&mut line).await? == 0 {
+                            return Ok(());
+                        }
+                        if line == ".\r\n" {
+                            break;
+                        }
+                    }
+                    dots.fetch_add(1, Ordering::SeqCst);
+                    if script(conn, txn) == Step::VanishAfterDot {
+                        return Ok(());
+                    }
+                    "250 queued"
+                }
+                "QUIT" => return w.write_all(b"221 bye\r\n").await,
+                _ => "250 ok",
+            };
+            w.write_all(format!("{reply}\r\n").as_bytes()).await?;
+        }
+    }
+
+    async fn send(pool: &Pool, addr: SocketAddr) -> Vec<RcptResult> {
+        let rcpts = vec!["r@example.net".to_string()];
+        let mail = Mail {
+            from: "s@example.test",
+            recipients: &rcpts,
+            content: b"Subject: t\r\n\r\nbody\r\n",
+        };
+        let settings = ClientSettings {
+            helo: "relay.test".into(),
+            timeout: Duration::from_secs(10),
+        };
+        let open = || async {
+            smtp::open(addr, "sink", &Security::Plain, None, &settings)
+                .await
+                .map(|s| Conn::new(s, "sink", addr, settings.timeout))
+                .map_err(|e| e.message)
+        };
+        pool.send("sink", &mail, open).await.expect("opened")
+    }
+
+    fn status(results: &[RcptResult]) -> Status {
+        results[0].status
+    }
+
+    #[tokio::test]
+    async fn a_fresh_session_that_fails_is_not_retried() {
+        let s = server(|_, _| Step::Refuse421AtMail).await;
+        let pool = Pool::new(PoolSettings::default());
+        let r = send(&pool, s.addr).await;
+        assert_eq!(status(&r), Status::Deferred, "{r:?}");
+        assert!(r[0].reply.starts_with("421"), "{r:?}");
+        assert_eq!(s.conns.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_reused_session_that_fails_before_the_message_is_retried_once() {
+        // Every connection takes one message and refuses the next.
+        let s = server(|_, txn| {
+            if txn == 1 {
+                Step::Accept
+            } else {
+                Step::Refuse421AtMail
+            }
+        })
+        .await;
+        let pool = Pool::new(PoolSettings::default());
+        for n in 1..=3 {
+            let r = send(&pool, s.addr).await;
+            assert_eq!(status(&r), Status::Delivered, "{r:?}");
+            assert_eq!(s.conns.load(Ordering::SeqCst), n);
+        }
+        assert_eq!(s.dots.load(Ordering::SeqCst), 3);
+
+        // Only once: a fresh connection that fails too ends the attempt.
+        let s = server(|conn, txn| match (conn, txn) {
+            (1, 1) => Step::Accept,
+            _ => Step::Refuse421AtMail,
+        })
+        .await;
+        let pool = Pool::new(PoolSettings::default());
+        assert_eq!(status(&send(&pool, s.addr).await), Status::Delivered);
+        let r = send(&pool, s.addr).await;
+        assert_eq!(status(&r), Status::Deferred, "{r:?}");
+        assert_eq!(s.conns.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_reused_session_lost_after_the_dot_is_not_retried() {
+        let s = server(|_, txn| {
+            if txn == 1 {
+                Step::Accept
+            } else {
+                Step::VanishAfterDot
+            }
+        })
+        .await;
+        let pool = Pool::new(PoolSettings::default());
+        assert_eq!(status(&send(&pool, s.addr).await), Status::Delivered);
+        let r = send(&pool, s.addr).await;
+        assert_eq!(status(&r), Status::Deferred, "{r:?}");
+        assert!(r[0].reply.starts_with("after DATA"), "{r:?}");
+        assert_eq!(s.conns.load(Ordering::SeqCst), 1, "no second connection");
+        assert_eq!(s.dots.load(Ordering::SeqCst), 2, "sent once each");
+    }
+}
