@@ -49,7 +49,11 @@ struct Sink {
 
 impl Sink {
     fn start(fault: Fault) -> Sink {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        Sink::start_on("127.0.0.1:0", fault)
+    }
+
+    fn start_on(bind: &str, fault: Fault) -> Sink {
+        let listener = std::net::TcpListener::bind(bind).expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
         let seen = Arc::new(Mutex::new(Seen::default()));
@@ -367,4 +371,45 @@ async fn a_connection_lost_after_the_dot_is_not_retried_in_the_same_attempt() {
     let out = d.cli(&["status", &second.0]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("after DATA"), "{text}");
+}
+
+/// Figures, not a timed assertion: `cargo test --test delivery_pool
+/// reuse_figures -- --ignored --nocapture`. 1,000 messages wait in the
+/// queue (the sink is down), then the sink starts and `retry --all` lets
+/// them go: the time until all are delivered and the connections opened,
+/// with one connection per message (`max_messages_per_connection = 1`,
+/// the old behaviour) and with the pool's defaults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn reuse_figures() {
+    const N: usize = 1000;
+    for cap in ["1", "100"] {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let d = Daemon::start(Options {
+            relay: Some(format!(
+                "[relay]\nmode = \"smarthost\"\nsmarthost = \"127.0.0.1:{port}\"\ntls = \"none\"\n\
+                 retry_schedule = [\"1h\"]\npoll_interval = \"50ms\"\nmax_messages_per_connection = {cap}\n"
+            )),
+            ..Options::default()
+        });
+        submit_all(&d, &keys("fig", N)).await;
+        wait_all(&d, N, "deferred").await;
+        let sink = Sink::start_on(&format!("127.0.0.1:{port}"), Fault::None);
+        let start = Instant::now();
+        let out = d.cli(&["retry", "--all"]);
+        assert!(out.status.success());
+        wait_all(&d, N, "delivered").await;
+        let took = start.elapsed();
+        assert_eq!(sink.keys().len(), N);
+        println!(
+            "max_messages_per_connection = {cap}: {N} messages delivered in {:.2}s ({:.0} msgs/s), {} connections",
+            took.as_secs_f64(),
+            N as f64 / took.as_secs_f64(),
+            sink.conns().len()
+        );
+    }
 }
