@@ -269,7 +269,8 @@ async fn sweep(pool: Weak<Inner>) {
 
 #[cfg(test)]
 mod tests {
-    //! The retry rule against a scripted loopback server.
+    //! The retry rule against a scripted loopback server that offers
+    //! PIPELINING.
     use super::*;
     use crate::delivery::Status;
     use crate::delivery::smtp::{self, ClientSettings, Security};
@@ -353,6 +354,9 @@ mod tests {
                     }
                     "250 queued"
                 }
+                // Pipelined MAIL and RCPT here (the integration sink
+                // takes them one by one).
+                "EHLO" => "250-s\r\n250 PIPELINING",
                 "QUIT" => return w.write_all(b"221 bye\r\n").await,
                 _ => "250 ok",
             };

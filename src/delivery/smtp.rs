@@ -9,8 +9,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use mail_send::{Credentials, SmtpClient};
-use smtp_proto::{EXT_8BIT_MIME, EXT_SIZE, EXT_SMTP_UTF8, EXT_START_TLS, EhloResponse};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use smtp_proto::response::parser::ResponseReceiver;
+use smtp_proto::{
+    EXT_8BIT_MIME, EXT_PIPELINING, EXT_SIZE, EXT_SMTP_UTF8, EXT_START_TLS, EhloResponse, Response,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
@@ -251,6 +254,75 @@ async fn reset<T: AsyncRead + AsyncWrite + Unpin>(c: &mut SmtpClient<T>) -> bool
     matches!(c.cmd(b"RSET\r\n").await, Ok(r) if (200..300).contains(&r.code))
 }
 
+/// The replies to MAIL and RCPT: already read as a pipelined group, or
+/// one command at a time.
+enum Replies {
+    /// The replies read, and why the rest were not.
+    Pipelined(
+        std::vec::IntoIter<Response<String>>,
+        Option<mail_send::Error>,
+    ),
+    OneByOne,
+}
+
+impl Replies {
+    async fn next<T: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
+        c: &mut SmtpClient<T>,
+        command: String,
+    ) -> Result<Response<String>, mail_send::Error> {
+        match self {
+            Replies::Pipelined(replies, error) => replies
+                .next()
+                .ok_or_else(|| error.take().unwrap_or(mail_send::Error::UnparseableReply)),
+            Replies::OneByOne => c.cmd(command).await,
+        }
+    }
+}
+
+/// Writes `group` at once and reads a reply per command. Unlike
+/// mail-send's `cmds`, the replies read before a failure are kept, so a
+/// 421 to MAIL keeps its words when the next hop then hangs up.
+async fn pipelined<T: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut SmtpClient<T>,
+    group: &[String],
+) -> (Vec<Response<String>>, Option<mail_send::Error>) {
+    let mut got = Vec::with_capacity(group.len());
+    let timeout = c.timeout;
+    let run = async {
+        for command in group {
+            c.stream.write_all(command.as_bytes()).await?;
+        }
+        c.stream.flush().await?;
+        let mut buf = vec![0u8; 4096];
+        let mut parser = ResponseReceiver::default();
+        while got.len() < group.len() {
+            let n = c.stream.read(&mut buf).await?;
+            if n == 0 {
+                return Err(mail_send::Error::UnparseableReply);
+            }
+            let mut bytes = buf[..n].iter();
+            while got.len() < group.len() {
+                match parser.parse(&mut bytes) {
+                    Ok(reply) => {
+                        got.push(reply);
+                        parser.reset();
+                    }
+                    Err(smtp_proto::Error::NeedsMoreData { .. }) => break,
+                    Err(_) => return Err(mail_send::Error::UnparseableReply),
+                }
+            }
+        }
+        Ok(())
+    };
+    let error = match tokio::time::timeout(timeout, run).await {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e),
+        Err(_) => Some(mail_send::Error::Timeout),
+    };
+    (got, error)
+}
+
 fn mail_params(
     caps: &EhloResponse<String>,
     from: &str,
@@ -288,7 +360,19 @@ async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
         )
     };
     let params = mail_params(caps, from, rcpts, content);
-    match c.cmd(format!("MAIL FROM:<{from}>{params}\r\n")).await {
+    let mail = format!("MAIL FROM:<{from}>{params}\r\n");
+    let mut replies = if caps.has_capability(EXT_PIPELINING) {
+        // RFC 2920: MAIL and every RCPT in one write, then their replies
+        // in order. DATA waits for them, so no content is ever sent to a
+        // transaction that lost its recipients.
+        let mut group = vec![mail.clone()];
+        group.extend(rcpts.iter().map(|r| format!("RCPT TO:<{r}>\r\n")));
+        let (got, error) = pipelined(c, &group).await;
+        Replies::Pipelined(got.into_iter(), error)
+    } else {
+        Replies::OneByOne
+    };
+    match replies.next(c, mail).await {
         Ok(r) if (200..300).contains(&r.code) => {}
         Ok(r) if r.code == CLOSING => {
             let why = format_reply(&r);
@@ -325,7 +409,7 @@ async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
             .collect()
     };
     for rcpt in rcpts {
-        match c.cmd(format!("RCPT TO:<{rcpt}>\r\n")).await {
+        match replies.next(c, format!("RCPT TO:<{rcpt}>\r\n")).await {
             Ok(r) if (200..300).contains(&r.code) => accepted.push(rcpt.clone()),
             Ok(r) if r.code == CLOSING => {
                 let open = unanswered(&results);
