@@ -298,6 +298,21 @@ async fn idle_connections_are_closed_with_quit_after_the_idle_timeout() {
     assert_eq!(sink.conns().len(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_pooled_connections_with_quit() {
+    let sink = Sink::start(Fault::None);
+    let mut d = Daemon::start(Options {
+        relay: relay(&sink, ""),
+        ..Options::default()
+    });
+    submit_all(&d, &keys("bye", 1)).await;
+    wait_all(&d, 1, "delivered").await;
+    assert!(sink.conns()[0].quit_at.is_none(), "kept open for reuse");
+    let exit = tokio::task::block_in_place(|| d.terminate());
+    assert!(exit.success(), "{exit:?}");
+    wait_until("QUIT at shutdown", 10, || sink.conns()[0].quit_at).await;
+}
+
 /// Messages one after another, so each finds the previous one's session.
 async fn one_by_one(d: &Daemon, keys: &[String]) {
     for (i, key) in keys.iter().enumerate() {
