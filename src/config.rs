@@ -316,6 +316,13 @@ pub struct RawRelay {
     /// Concurrent transactions to one destination (smarthost or MX domain).
     #[serde(default = "default_max_per_destination")]
     pub max_per_destination: usize,
+    /// Messages sent over one outbound connection before it is closed
+    /// (1: a new connection for every message).
+    #[serde(default = "default_max_messages_per_connection")]
+    pub max_messages_per_connection: usize,
+    /// An open outbound connection unused this long is closed.
+    #[serde(default = "default_connection_idle_timeout")]
+    pub connection_idle_timeout: String,
     /// How long a claimed message belongs to the worker that claimed it.
     #[serde(default = "default_lease")]
     pub lease: String,
@@ -350,6 +357,8 @@ impl Default for RawRelay {
             keep_finished: default_keep_finished(),
             workers: default_workers(),
             max_per_destination: default_max_per_destination(),
+            max_messages_per_connection: default_max_messages_per_connection(),
+            connection_idle_timeout: default_connection_idle_timeout(),
             lease: default_lease(),
             poll_interval: default_poll_interval(),
             timeout: default_smtp_timeout(),
@@ -413,6 +422,12 @@ fn default_workers() -> usize {
 }
 fn default_max_per_destination() -> usize {
     4
+}
+fn default_max_messages_per_connection() -> usize {
+    100
+}
+fn default_connection_idle_timeout() -> String {
+    "30s".into()
 }
 fn default_lease() -> String {
     "30m".into()
@@ -482,6 +497,8 @@ pub struct Delivery {
     pub keep_finished: Duration,
     pub workers: usize,
     pub max_per_destination: usize,
+    pub max_messages_per_connection: usize,
+    pub connection_idle_timeout: Duration,
     pub lease: Duration,
     pub poll_interval: Duration,
     pub timeout: Duration,
@@ -977,7 +994,10 @@ fn validate_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Delivery {
     let lease = p.duration("relay.lease", &r.lease);
     let poll_interval = p.duration("relay.poll_interval", &r.poll_interval);
     let timeout = p.duration("relay.timeout", &r.timeout);
+    let connection_idle_timeout =
+        p.duration("relay.connection_idle_timeout", &r.connection_idle_timeout);
     for (key, d) in [
+        ("relay.connection_idle_timeout", connection_idle_timeout),
         ("relay.max_age", max_age),
         ("relay.keep_finished", keep_finished),
         ("relay.poll_interval", poll_interval),
@@ -1000,6 +1020,12 @@ fn validate_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Delivery {
     }
     p.at_most_permits("relay.workers", r.workers);
     p.at_most_permits("relay.max_per_destination", r.max_per_destination);
+    if r.max_messages_per_connection == 0 {
+        p.add(
+            "relay.max_messages_per_connection",
+            "must be greater than 0",
+        );
+    }
     if r.mx_port == 0 {
         p.add("relay.mx_port", "must be a port number");
     }
@@ -1044,6 +1070,8 @@ fn validate_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Delivery {
         keep_finished,
         workers: r.workers,
         max_per_destination: r.max_per_destination,
+        max_messages_per_connection: r.max_messages_per_connection,
+        connection_idle_timeout,
         lease,
         poll_interval,
         timeout,

@@ -16,6 +16,7 @@ pub mod mx;
 pub mod ops;
 pub mod outgoing;
 pub mod plan;
+pub mod pool;
 pub mod queue;
 pub mod smarthost;
 pub mod smtp;
@@ -123,6 +124,10 @@ mod tests {
             Some(&Duration::from_secs(4 * 3600))
         );
         assert_eq!((d.workers, d.max_per_destination, d.mx_port), (16, 4, 25));
+        assert_eq!(
+            (d.max_messages_per_connection, d.connection_idle_timeout),
+            (100, Duration::from_secs(30))
+        );
         assert_eq!(d.smarthost_trust, TlsTrust::System);
         assert!(d.test_pause_after_send.is_zero());
     }
@@ -131,7 +136,8 @@ mod tests {
     fn delivery_keys_are_checked() {
         let err = load(
             "mode = \"smarthost\"\nsmarthost = \"h:0\"\nusername = \"u\"\nretry_schedule = []\n\
-             max_age = \"0s\"\nlease = \"1m\"\nworkers = 0\nca_file = \"/nonexistent.pem\"\n",
+             max_age = \"0s\"\nlease = \"1m\"\nworkers = 0\nca_file = \"/nonexistent.pem\"\n\
+             max_messages_per_connection = 0\nconnection_idle_timeout = \"0s\"\n",
         )
         .expect_err("invalid");
         let text = err.to_string();
@@ -143,6 +149,8 @@ mod tests {
             "relay.lease",
             "relay.workers",
             "relay.ca_file",
+            "relay.max_messages_per_connection",
+            "relay.connection_idle_timeout",
         ] {
             assert!(
                 text.contains(&format!("{key}:")),

@@ -12,6 +12,7 @@ use hickory_resolver::TokioResolver;
 use hickory_resolver::proto::rr::RData;
 
 use super::outgoing::Outgoing;
+use super::pool::{Conn, Mail, Pool, PoolSettings};
 use super::smtp::{self, ClientSettings, Security};
 use super::{DeliveryError, RcptResult, Status, domain_of};
 use crate::store::BoxFuture;
@@ -111,6 +112,8 @@ pub struct MxTransport {
     port: u16,
     tls: tokio_rustls::TlsConnector,
     settings: ClientSettings,
+    /// Open sessions per MX host, reused across messages and domains.
+    pool: Pool,
 }
 
 impl MxTransport {
@@ -126,7 +129,19 @@ impl MxTransport {
             port,
             tls,
             settings,
+            pool: Pool::new(PoolSettings::default()),
         })
+    }
+
+    /// Connection reuse as configured (the default otherwise).
+    pub fn with_pool(mut self, settings: PoolSettings) -> Self {
+        self.pool = Pool::new(settings);
+        self
+    }
+
+    /// Closes the pooled sessions with QUIT (shutdown).
+    pub async fn close(&self) {
+        self.pool.close().await;
     }
 
     /// Delivers to recipients that all share one domain.
@@ -208,7 +223,8 @@ impl MxTransport {
         )
     }
 
-    /// One transaction with the first address of `host` that answers.
+    /// One transaction with `host`: on a pooled session to it, or with the
+    /// first of its addresses that answers.
     async fn try_host(
         &self,
         msg: &Outgoing,
@@ -216,6 +232,17 @@ impl MxTransport {
         host: &str,
         ips: &[IpAddr],
     ) -> Result<Vec<RcptResult>, String> {
+        let content = msg.bytes_for(recipients);
+        let mail = Mail {
+            from: &msg.reverse_path,
+            recipients,
+            content: &content,
+        };
+        let key = format!("{host}:{}", self.port);
+        self.pool.send(&key, &mail, || self.open(host, ips)).await
+    }
+
+    async fn open(&self, host: &str, ips: &[IpAddr]) -> Result<Conn, String> {
         let opportunistic = Security::Opportunistic(self.tls.clone());
         let mut last = format!("{host}: no address");
         for ip in ips {
@@ -230,11 +257,7 @@ impl MxTransport {
                 session = smtp::open(addr, host, &Security::Plain, None, &self.settings).await;
             }
             match session {
-                Ok(session) => {
-                    return Ok(session
-                        .relay(msg, recipients, host, addr, self.settings.timeout)
-                        .await);
-                }
+                Ok(session) => return Ok(Conn::new(session, host, addr, self.settings.timeout)),
                 Err(e) => last = format!("{host} [{addr}]: {e}"),
             }
         }

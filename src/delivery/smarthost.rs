@@ -4,6 +4,7 @@
 use mail_send::Credentials;
 
 use super::outgoing::Outgoing;
+use super::pool::{Conn, Mail, Pool, PoolSettings};
 use super::smtp::{self, ClientSettings, Security};
 use super::{DeliveryError, RcptResult, Status};
 use crate::config::{TlsMode, TlsTrust};
@@ -16,6 +17,8 @@ pub struct SmarthostTransport {
     security: Security,
     credentials: Option<Credentials<String>>,
     settings: ClientSettings,
+    /// Open sessions to the smarthost, reused message after message.
+    pool: Pool,
 }
 
 /// Splits `host[:port]`; the port defaults by TLS mode.
@@ -35,6 +38,7 @@ impl SmarthostTransport {
         credentials: Option<(String, String)>,
         trust: &TlsTrust,
         settings: ClientSettings,
+        pool: PoolSettings,
     ) -> Result<Self, DeliveryError> {
         let (name, port) = split_host_port(host, tls)
             .map_err(|e| DeliveryError::Setup(format!("relay.smarthost: {e}")))?;
@@ -55,6 +59,7 @@ impl SmarthostTransport {
             security,
             credentials: credentials.map(|(u, p)| Credentials::new(u, p)),
             settings,
+            pool: Pool::new(pool),
         })
     }
 
@@ -63,12 +68,24 @@ impl SmarthostTransport {
     }
 
     pub async fn deliver(&self, msg: &Outgoing, recipients: &[String]) -> Vec<RcptResult> {
-        let deferred =
-            |why: String| RcptResult::all(recipients, Status::Deferred, &why, Some(&self.addr));
-        let addrs: Vec<std::net::SocketAddr> = match tokio::net::lookup_host(&self.addr).await {
-            Ok(addrs) => addrs.collect(),
-            Err(e) => return deferred(format!("cannot resolve {}: {e}", self.addr)),
+        let content = msg.bytes_for(recipients);
+        let mail = Mail {
+            from: &msg.reverse_path,
+            recipients,
+            content: &content,
         };
+        match self.pool.send(&self.addr, &mail, || self.open()).await {
+            Ok(results) => results,
+            Err(why) => RcptResult::all(recipients, Status::Deferred, &why, Some(&self.addr)),
+        }
+    }
+
+    /// A new session with the first address of the smarthost that answers.
+    async fn open(&self) -> Result<Conn, String> {
+        let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(&self.addr)
+            .await
+            .map_err(|e| format!("cannot resolve {}: {e}", self.addr))?
+            .collect();
         let mut last = format!("no address for {}", self.addr);
         for addr in addrs {
             match smtp::open(
@@ -81,14 +98,17 @@ impl SmarthostTransport {
             .await
             {
                 Ok(session) => {
-                    return session
-                        .relay(msg, recipients, &self.host, addr, self.settings.timeout)
-                        .await;
+                    return Ok(Conn::new(session, &self.host, addr, self.settings.timeout));
                 }
                 Err(e) => last = e.message,
             }
         }
-        deferred(last)
+        Err(last)
+    }
+
+    /// Closes the pooled sessions with QUIT (shutdown).
+    pub async fn close(&self) {
+        self.pool.close().await;
     }
 }
 

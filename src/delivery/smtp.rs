@@ -1,6 +1,7 @@
 //! The SMTP client side of one hop, on mail-send's `SmtpClient`: connect,
-//! TLS, EHLO and AUTH ([`open`]), then one transaction that keeps every
-//! recipient's own reply ([`Session::send`]). mail-send's `send` stops at
+//! TLS, EHLO and AUTH ([`open`]), then transactions that keep every
+//! recipient's own reply ([`Session::transact`]), as many as the pool
+//! sends on the session, and QUIT. mail-send's `send` stops at
 //! the first refused recipient and its DATA adds a blank line to a message
 //! that already ends in CRLF, so the transaction is written here.
 
@@ -8,14 +9,16 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use mail_send::{Credentials, SmtpClient};
-use smtp_proto::{EXT_8BIT_MIME, EXT_SIZE, EXT_SMTP_UTF8, EXT_START_TLS, EhloResponse};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use smtp_proto::response::parser::ResponseReceiver;
+use smtp_proto::{
+    EXT_8BIT_MIME, EXT_PIPELINING, EXT_SIZE, EXT_SMTP_UTF8, EXT_START_TLS, EhloResponse, Response,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 use super::content::dot_stuffed;
-use super::outgoing::Outgoing;
 use super::{RcptResult, Status};
 use crate::client_reply::{describe, format_reply};
 
@@ -175,55 +178,149 @@ async fn authenticate<T: AsyncRead + AsyncWrite + Unpin>(
     Ok(())
 }
 
-impl Session {
-    /// One transaction; every recipient gets its own result. Ends the
-    /// session with QUIT.
-    /// Relays `msg` to `recipients` over this session: the bytes for that
-    /// recipient set (with its hop key), recorded as sent via `host [addr]`.
-    pub async fn relay(
-        self,
-        msg: &Outgoing,
-        recipients: &[String],
-        host: &str,
-        addr: SocketAddr,
-        timeout: Duration,
-    ) -> Vec<RcptResult> {
-        let content = msg.bytes_for(recipients);
-        let hop = format!("{host} [{addr}]");
-        self.send(&msg.reverse_path, recipients, &content, &hop, timeout)
-            .await
+/// How one transaction ended: the per-recipient results, and what the
+/// session is good for afterwards (see `pool.rs`).
+#[derive(Debug)]
+pub struct Transaction {
+    pub results: Vec<RcptResult>,
+    /// Between transactions with every reply understood: may carry another.
+    pub reusable: bool,
+    /// The connection failed (I/O error, timeout, unparseable reply, 421)
+    /// before any byte of the message was written: the next hop cannot
+    /// have it, so it may be sent again on another connection.
+    pub lost_before_data: bool,
+}
+
+impl Transaction {
+    fn done(results: Vec<RcptResult>, reusable: bool) -> Self {
+        Self {
+            results,
+            reusable,
+            lost_before_data: false,
+        }
     }
 
-    pub async fn send(
-        self,
+    fn lost_before_data(results: Vec<RcptResult>) -> Self {
+        Self {
+            results,
+            reusable: false,
+            lost_before_data: true,
+        }
+    }
+}
+
+/// 421: the next hop is closing the connection (RFC 5321 3.8).
+const CLOSING: u16 = 421;
+
+impl Session {
+    /// One transaction; every recipient gets its own result. The session
+    /// stays open: the caller keeps it for the next message or [`quit`]s.
+    ///
+    /// [`quit`]: Session::quit
+    pub async fn transact(
+        &mut self,
         from: &str,
         recipients: &[String],
         content: &[u8],
-        hop: &str,
         timeout: Duration,
-    ) -> Vec<RcptResult> {
-        let results = match self {
-            Session::Plain(mut c, caps) => {
-                let r = transaction(&mut c, &caps, from, recipients, content, timeout).await;
-                quit(&mut c).await;
-                r
+    ) -> Transaction {
+        match self {
+            Session::Plain(c, caps) => {
+                transaction(c, caps, from, recipients, content, timeout).await
             }
-            Session::Tls(mut c, caps) => {
-                let r = transaction(c.as_mut(), &caps, from, recipients, content, timeout).await;
-                quit(c.as_mut()).await;
-                r
+            Session::Tls(c, caps) => {
+                transaction(c.as_mut(), caps, from, recipients, content, timeout).await
             }
-        };
-        results
-            .into_iter()
-            .map(|r| r.via(Some(hop.to_owned())))
-            .collect()
+        }
+    }
+
+    /// Ends the session politely (QUIT, a short wait for the reply).
+    pub async fn quit(self) {
+        match self {
+            Session::Plain(mut c, _) => quit(&mut c).await,
+            Session::Tls(mut c, _) => quit(c.as_mut()).await,
+        }
     }
 }
 
 async fn quit<T: AsyncRead + AsyncWrite + Unpin>(c: &mut SmtpClient<T>) {
     c.timeout = c.timeout.min(Duration::from_secs(5));
     let _ = c.cmd(b"QUIT\r\n").await;
+}
+
+/// RSET after a transaction that stopped half way; true if the session is
+/// clean again.
+async fn reset<T: AsyncRead + AsyncWrite + Unpin>(c: &mut SmtpClient<T>) -> bool {
+    matches!(c.cmd(b"RSET\r\n").await, Ok(r) if (200..300).contains(&r.code))
+}
+
+/// The replies to MAIL and RCPT: already read as a pipelined group, or
+/// one command at a time.
+enum Replies {
+    /// The replies read, and why the rest were not.
+    Pipelined(
+        std::vec::IntoIter<Response<String>>,
+        Option<mail_send::Error>,
+    ),
+    OneByOne,
+}
+
+impl Replies {
+    async fn next<T: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
+        c: &mut SmtpClient<T>,
+        command: String,
+    ) -> Result<Response<String>, mail_send::Error> {
+        match self {
+            Replies::Pipelined(replies, error) => replies
+                .next()
+                .ok_or_else(|| error.take().unwrap_or(mail_send::Error::UnparseableReply)),
+            Replies::OneByOne => c.cmd(command).await,
+        }
+    }
+}
+
+/// Writes `group` at once and reads a reply per command. Unlike
+/// mail-send's `cmds`, the replies read before a failure are kept, so a
+/// 421 to MAIL keeps its words when the next hop then hangs up.
+async fn pipelined<T: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut SmtpClient<T>,
+    group: &[String],
+) -> (Vec<Response<String>>, Option<mail_send::Error>) {
+    let mut got = Vec::with_capacity(group.len());
+    let timeout = c.timeout;
+    let run = async {
+        for command in group {
+            c.stream.write_all(command.as_bytes()).await?;
+        }
+        c.stream.flush().await?;
+        let mut buf = vec![0u8; 4096];
+        let mut parser = ResponseReceiver::default();
+        while got.len() < group.len() {
+            let n = c.stream.read(&mut buf).await?;
+            if n == 0 {
+                return Err(mail_send::Error::UnparseableReply);
+            }
+            let mut bytes = buf[..n].iter();
+            while got.len() < group.len() {
+                match parser.parse(&mut bytes) {
+                    Ok(reply) => {
+                        got.push(reply);
+                        parser.reset();
+                    }
+                    Err(smtp_proto::Error::NeedsMoreData { .. }) => break,
+                    Err(_) => return Err(mail_send::Error::UnparseableReply),
+                }
+            }
+        }
+        Ok(())
+    };
+    let error = match tokio::time::timeout(timeout, run).await {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e),
+        Err(_) => Some(mail_send::Error::Timeout),
+    };
+    (got, error)
 }
 
 fn mail_params(
@@ -253,7 +350,7 @@ async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
     rcpts: &[String],
     content: &[u8],
     timeout: Duration,
-) -> Vec<RcptResult> {
+) -> Transaction {
     let lost = |rcpts: &[String], stage: &str, e: &mail_send::Error| {
         RcptResult::all(
             rcpts,
@@ -263,10 +360,31 @@ async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
         )
     };
     let params = mail_params(caps, from, rcpts, content);
-    match c.cmd(format!("MAIL FROM:<{from}>{params}\r\n")).await {
+    let mail = format!("MAIL FROM:<{from}>{params}\r\n");
+    let mut replies = if caps.has_capability(EXT_PIPELINING) {
+        // RFC 2920: MAIL and every RCPT in one write, then their replies
+        // in order. DATA waits for them, so no content is ever sent to a
+        // transaction that lost its recipients.
+        let mut group = vec![mail.clone()];
+        group.extend(rcpts.iter().map(|r| format!("RCPT TO:<{r}>\r\n")));
+        let (got, error) = pipelined(c, &group).await;
+        Replies::Pipelined(got.into_iter(), error)
+    } else {
+        Replies::OneByOne
+    };
+    match replies.next(c, mail).await {
         Ok(r) if (200..300).contains(&r.code) => {}
+        Ok(r) if r.code == CLOSING => {
+            let why = format_reply(&r);
+            return Transaction::lost_before_data(RcptResult::all(
+                rcpts,
+                Status::Deferred,
+                &why,
+                None,
+            ));
+        }
         Ok(r) => {
-            let _ = c.cmd(b"RSET\r\n").await;
+            let clean = reset(c).await;
             // 530: the next hop wants AUTH we did not do. That is our
             // configuration to fix, not the sender's mail to bounce.
             let status = if r.code == 530 {
@@ -274,50 +392,68 @@ async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
             } else {
                 status_of(r.code)
             };
-            return RcptResult::all(rcpts, status, &format_reply(&r), None);
+            let results = RcptResult::all(rcpts, status, &format_reply(&r), None);
+            return Transaction::done(results, clean);
         }
-        Err(e) => return lost(rcpts, "MAIL FROM", &e),
+        Err(e) => return Transaction::lost_before_data(lost(rcpts, "MAIL FROM", &e)),
     }
     let mut results = Vec::with_capacity(rcpts.len());
     let mut accepted: Vec<String> = Vec::with_capacity(rcpts.len());
+    // Refused ones keep their reply; the rest must be retried.
+    let unanswered = |results: &[RcptResult]| -> Vec<String> {
+        let done: Vec<&str> = results.iter().map(|r| r.recipient.as_str()).collect();
+        rcpts
+            .iter()
+            .filter(|r| !done.contains(&r.as_str()))
+            .cloned()
+            .collect()
+    };
     for rcpt in rcpts {
-        match c.cmd(format!("RCPT TO:<{rcpt}>\r\n")).await {
+        match replies.next(c, format!("RCPT TO:<{rcpt}>\r\n")).await {
             Ok(r) if (200..300).contains(&r.code) => accepted.push(rcpt.clone()),
+            Ok(r) if r.code == CLOSING => {
+                let open = unanswered(&results);
+                let why = format_reply(&r);
+                results.extend(RcptResult::all(&open, Status::Deferred, &why, None));
+                return Transaction::lost_before_data(results);
+            }
             Ok(r) => results.push(RcptResult::new(rcpt, status_of(r.code), format_reply(&r))),
             Err(e) => {
-                // Refused ones keep their reply; the rest must be retried.
-                let done: Vec<&str> = results.iter().map(|r| r.recipient.as_str()).collect();
-                let open: Vec<String> = rcpts
-                    .iter()
-                    .filter(|r| !done.contains(&r.as_str()))
-                    .cloned()
-                    .collect();
+                let open = unanswered(&results);
                 results.extend(lost(&open, "RCPT TO", &e));
-                return results;
+                return Transaction::lost_before_data(results);
             }
         }
     }
     if accepted.is_empty() {
-        let _ = c.cmd(b"RSET\r\n").await;
-        return results;
+        let clean = reset(c).await;
+        return Transaction::done(results, clean);
     }
     match c.cmd(b"DATA\r\n").await {
         Ok(r) if r.code == 354 => {}
+        Ok(r) if r.code == CLOSING => {
+            let why = format_reply(&r);
+            results.extend(RcptResult::all(&accepted, Status::Deferred, &why, None));
+            return Transaction::lost_before_data(results);
+        }
         Ok(r) => {
             // Anything but 354 means the message was not sent; a stray 2xx
-            // must not count as delivered.
-            let status = match status_of(r.code) {
-                Status::Delivered => Status::Deferred,
-                other => other,
+            // must not count as delivered, nor the session be trusted.
+            let (status, clean) = match status_of(r.code) {
+                Status::Delivered => (Status::Deferred, false),
+                other => (other, reset(c).await),
             };
             results.extend(RcptResult::all(&accepted, status, &format_reply(&r), None));
-            return results;
+            return Transaction::done(results, clean);
         }
         Err(e) => {
             results.extend(lost(&accepted, "DATA", &e));
-            return results;
+            return Transaction::lost_before_data(results);
         }
     }
+    // From here on the next hop may end up with the message: a failure is
+    // recorded as deferred and never retried on another connection in
+    // this attempt (only the idempotency key makes a resend harmless).
     let data = dot_stuffed(content);
     for block in data.chunks(64 * 1024) {
         let written = tokio::time::timeout(timeout, async {
@@ -329,7 +465,7 @@ async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 results.extend(lost(&accepted, "message transfer", &e.into()));
-                return results;
+                return Transaction::done(results, false);
             }
             Err(_) => {
                 results.extend(lost(
@@ -337,22 +473,27 @@ async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
                     "message transfer",
                     &mail_send::Error::Timeout,
                 ));
-                return results;
+                return Transaction::done(results, false);
             }
         }
     }
     // RFC 5321 4.5.3.2.6: the reply to the final dot may take 10 minutes;
     // this is the moment a lost reply could duplicate a message, which the
     // idempotency key covers.
-    match tokio::time::timeout(timeout * 2, c.read()).await {
-        Ok(Ok(r)) => results.extend(RcptResult::all(
-            &accepted,
-            status_of(r.code),
-            &format_reply(&r),
-            None,
-        )),
-        Ok(Err(e)) => results.extend(lost(&accepted, "after DATA", &e)),
-        Err(_) => results.extend(lost(&accepted, "after DATA", &mail_send::Error::Timeout)),
-    }
-    results
+    let reusable = match tokio::time::timeout(timeout * 2, c.read()).await {
+        Ok(Ok(r)) => {
+            let why = format_reply(&r);
+            results.extend(RcptResult::all(&accepted, status_of(r.code), &why, None));
+            r.code != CLOSING
+        }
+        Ok(Err(e)) => {
+            results.extend(lost(&accepted, "after DATA", &e));
+            false
+        }
+        Err(_) => {
+            results.extend(lost(&accepted, "after DATA", &mail_send::Error::Timeout));
+            false
+        }
+    };
+    Transaction::done(results, reusable)
 }

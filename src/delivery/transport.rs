@@ -5,6 +5,7 @@
 use super::file::FileTransport;
 use super::mx::{MxTransport, SystemResolver};
 use super::outgoing::Outgoing;
+use super::pool::PoolSettings;
 use super::smarthost::SmarthostTransport;
 use super::smtp::ClientSettings;
 use super::{DeliveryError, RcptResult, Status, domain_of};
@@ -23,6 +24,12 @@ impl Transport {
             helo: config.hostname.clone(),
             timeout: config.delivery.timeout,
         };
+        let d = &config.delivery;
+        let pool = PoolSettings {
+            max_idle: d.max_per_destination,
+            max_messages: d.max_messages_per_connection,
+            idle_timeout: d.connection_idle_timeout,
+        };
         Ok(match &config.relay {
             Relay::File { dir } => Transport::File(FileTransport::new(dir)?),
             Relay::Smarthost {
@@ -36,14 +43,14 @@ impl Transport {
                 username.clone().zip(password.clone()),
                 &config.delivery.smarthost_trust,
                 settings,
+                pool,
             )?),
             Relay::Mx => {
                 let resolver = SystemResolver::new().map_err(DeliveryError::Setup)?;
-                Transport::Mx(MxTransport::new(
-                    std::sync::Arc::new(resolver),
-                    config.delivery.mx_port,
-                    settings,
-                )?)
+                Transport::Mx(
+                    MxTransport::new(std::sync::Arc::new(resolver), d.mx_port, settings)?
+                        .with_pool(pool),
+                )
             }
         })
     }
@@ -55,6 +62,15 @@ impl Transport {
             Transport::File(_) => "file".into(),
             Transport::Smarthost(s) => s.name().to_owned(),
             Transport::Mx(_) => domain_of(recipient).unwrap_or_default(),
+        }
+    }
+
+    /// Closes open outbound sessions with QUIT (shutdown).
+    pub async fn close(&self) {
+        match self {
+            Transport::File(_) => {}
+            Transport::Smarthost(t) => t.close().await,
+            Transport::Mx(t) => t.close().await,
         }
     }
 

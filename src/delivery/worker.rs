@@ -230,6 +230,7 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mu
         ),
         Err(e) => tracing::warn!(error = %e, "cannot release leases; they expire by themselves"),
     }
+    ctx.transport.close().await;
     tracing::info!("delivery worker stopped");
 }
 
