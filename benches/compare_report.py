@@ -257,7 +257,7 @@ def print_relay_markdown(now, size, nrounds, relay, stats):
             f"| {RELAY_LABEL[peer]} | {c} | {acc_only} | {acc_p99} "
             f"| {fmt_range(s['accept'], s['n']).replace('-', '–')} | {fmt_ms(s['p99'])} | {e2e} "
             f"| {fmt_ratio(s['e2e_ratio']).replace('x', '×')} "
-            f"| {s['sink']} ({s['keys']}) / {s['acked']} |"
+            f"| {s['sink']:,} ({s['keys']:,}) / {s['acked']:,} |"
         )
     vs = [s["vs"] for (p, _c), s in relay.items() if p == "postfix-relay" and s["vs"]]
     if vs:
