@@ -694,6 +694,11 @@ bench_relay() { # peer conns round count
   mv "$expect_file.tmp" "$expect_file"
   wait "$wpid" || true
   j1=$(cpu_busy_jiffies)
+  if [ "$rc" -eq 0 ] && [ ! -s "$wait_out" ]; then
+    warn "$peer c=$c round $round: relay_wait.py died without a result"
+    FAILED_RUNS+=("$peer c=$c round $round: relay_wait.py died")
+    return 0
+  fi
   if [ "$rc" -ne 0 ]; then
     warn "$peer c=$c round $round: smtp-once bench failed (exit $rc); last errors:"
     tail -n 5 "$WORKDIR/bench-$peer.err" >&2 || true
