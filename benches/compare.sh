@@ -204,11 +204,13 @@ stop_all() { # workdir
 }
 
 CLEANED=0
+WAIT_PID=""   # a relay run's relay_wait.py, while it runs
 cleanup() {
   local rc=$?
   [ "$CLEANED" -eq 1 ] && return
   CLEANED=1
   trap - INT TERM
+  [ -n "$WAIT_PID" ] && kill "$WAIT_PID" 2>/dev/null
   if [ -d "$WORKDIR" ]; then
     stop_all "$WORKDIR"
     if [ -n "$RESULTS" ] && [ -f "$WORKDIR/results.tsv" ]; then
@@ -670,7 +672,8 @@ relay_wait() { # peer [extra args...]
     smtp-once-relay) peer_args=(--smtp-once-db "$WORKDIR/smtp-once-relay/data/smtp-once.db") ;;
     postfix-relay) peer_args=(--postfix-queue "$PFR/queue" --postfix-log "$PFR/maillog") ;;
   esac
-  python3 "$BENCHES_DIR/relay_wait.py" --dump "$DUMP_DIR/$peer.dump" --keys "$WORKDIR/$peer.keys" \
+  # exec: run in the background, $! is python itself (cleanup kills it).
+  exec python3 "$BENCHES_DIR/relay_wait.py" --dump "$DUMP_DIR/$peer.dump" --keys "$WORKDIR/$peer.keys" \
     --state "$WORKDIR/$peer.wait-state" "${peer_args[@]}" "$@"
 }
 
@@ -682,6 +685,7 @@ bench_relay() { # peer conns round count
   t0=$EPOCHREALTIME
   relay_wait "$peer" --expect "$count" --expect-file "$expect_file" --timeout "$RELAY_TIMEOUT" > "$wait_out" &
   wpid=$!
+  WAIT_PID=$wpid
   rc=0
   out=$("$BIN" bench --server "127.0.0.1:${PORT[$peer]}" -c "$c" -n "$count" --size "$SIZE" --json --quiet \
           2>> "$WORKDIR/bench-$peer.err") || rc=$?
@@ -693,6 +697,7 @@ bench_relay() { # peer conns round count
   fi
   mv "$expect_file.tmp" "$expect_file"
   wait "$wpid" || true
+  WAIT_PID=""
   j1=$(cpu_busy_jiffies)
   if [ "$rc" -eq 0 ] && [ ! -s "$wait_out" ]; then
     warn "$peer c=$c round $round: relay_wait.py died without a result"
