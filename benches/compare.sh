@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # benches/compare.sh: smtp-once side by side with Postfix, Haraka and
-# smtp-sink, in one run on one machine (issue 5, item 4).
+# smtp-sink, in one run on one machine (issue 5, item 4), accept-only and
+# end to end through a relay (issue 10, item 5).
 #
 # Every peer listens on its own loopback port, plaintext, and accepts mail
 # from 127.0.0.1 without AUTH. `smtp-once bench` drives each one with the
@@ -14,16 +15,35 @@
 #   postfix-hold  the same instance, every message to the hold queue
 #   haraka        Haraka 3 (npm) + benches/haraka/plugins/queue_fsync.js
 #   smtp-sink     from the postfix package: stores nothing, protocol ceiling
+# End to end (each relays to its own smtp-sink, which dumps what it gets):
+#   smtp-once-relay  smtp-once, [relay] mode = "smarthost", tls = "none"
+#   postfix-relay    a second private Postfix instance, relayhost = its sink
+#   smtp-sink-dump   accept-only: a sink like theirs (dumping every message),
+#                    driven directly: the ceiling of an end-to-end run
+# For these the run lasts until the sink has every acknowledged message and
+# the peer has recorded it as relayed (benches/relay_wait.py), and the table
+# shows acceptance msgs/s while relaying, end-to-end msgs/s (bench start to
+# the last message recorded as relayed), p99, and the sink's count and
+# distinct X-Bird-Idempotency-Key values against the peer's delivered count.
 #
-# Usage: benches/compare.sh [--markdown] [--help]
+# Usage: benches/compare.sh [--quick] [--markdown] [--help]
+#   --quick               MESSAGES=2000 ROUNDS=1 WARMUP=200 unless set: minutes
 # Settings (environment):
-#   MESSAGES=20000        messages per run (DURATION=S runs S seconds instead)
+#   MESSAGES=20000        messages per run (DURATION=S runs S seconds instead;
+#                         relay peers always send MESSAGES)
 #   CONNS="8 32"          connection counts
+#   RELAY_CONNS="32"      connection counts for the relay peers (within CONNS)
 #   ROUNDS=3              interleaved rounds
 #   SIZE=4096             message size in bytes
-#   PEERS="smtp-once postfix postfix-hold haraka smtp-sink"
+#   PEERS="smtp-once postfix postfix-hold haraka smtp-sink smtp-once-relay postfix-relay smtp-sink-dump"
 #   WARMUP=1000           messages per peer before round 1 (0: none)
-#   BASE_PORT=25250       peers listen on BASE_PORT+1 .. BASE_PORT+5
+#   BASE_PORT=25250       peers listen on BASE_PORT+1 .. BASE_PORT+7 and +10, the
+#                         relay peers' sinks on BASE_PORT+8 and +9
+#   RELAY_POLL=100ms      smtp-once-relay's [relay] poll_interval
+#   SMTP_ONCE_RELAY_EXTRA=  more TOML lines for smtp-once-relay's [relay] section,
+#                         e.g. $'workers = 32\nmax_per_destination = 16'
+#   RELAY_TIMEOUT=600     seconds a relay run may take to reach the sink
+#   SINK_DUMP_DIR=/dev/shm (if present, else WORKDIR)  where the relay sinks dump
 #   SMTP_ONCE_BIN=path    use this binary instead of `cargo build --release`
 #   SMTP_ONCE_DELIVER=0   1: smtp-once's delivery worker runs during the benchmark,
 #                         copying every accepted message to its file outbox (work
@@ -51,21 +71,35 @@ BENCHES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(dirname "$BENCHES_DIR")
 
 MARKDOWN=0
+QUICK=0
 for arg in "$@"; do
   case "$arg" in
     --markdown) MARKDOWN=1 ;;
+    --quick) QUICK=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "compare.sh: unknown argument $arg (try --help)" >&2; exit 2 ;;
   esac
 done
 
+if [ "$QUICK" = 1 ]; then
+  MESSAGES=${MESSAGES:-2000}
+  ROUNDS=${ROUNDS:-1}
+  WARMUP=${WARMUP:-200}
+fi
 MESSAGES=${MESSAGES:-20000}
 DURATION=${DURATION:-}
 CONNS=${CONNS:-"8 32"}
+RELAY_CONNS=${RELAY_CONNS:-32}
 ROUNDS=${ROUNDS:-3}
 SIZE=${SIZE:-4096}
-PEERS=${PEERS:-"smtp-once postfix postfix-hold haraka smtp-sink"}
+PEERS=${PEERS:-"smtp-once postfix postfix-hold haraka smtp-sink smtp-once-relay postfix-relay smtp-sink-dump"}
 WARMUP=${WARMUP:-1000}
+RELAY_POLL=${RELAY_POLL:-100ms}
+SMTP_ONCE_RELAY_EXTRA=${SMTP_ONCE_RELAY_EXTRA:-}
+RELAY_TIMEOUT=${RELAY_TIMEOUT:-600}
+if [ -z "${SINK_DUMP_DIR:-}" ]; then
+  if [ -d /dev/shm ] && [ -w /dev/shm ]; then SINK_DUMP_DIR=/dev/shm; else SINK_DUMP_DIR=${WORKDIR:-/tmp/smtp-once-compare}; fi
+fi
 BASE_PORT=${BASE_PORT:-25250}
 HARAKA_NODES=${HARAKA_NODES:-1}
 HARAKA_NODELAY=${HARAKA_NODELAY:-1}
@@ -84,11 +118,11 @@ warn() { printf '[compare %(%H:%M:%S)T] WARNING: %s\n' -1 "$*" >&2; }
 die() { printf '[compare %(%H:%M:%S)T] ERROR: %s\n' -1 "$*" >&2; exit 1; }
 
 is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
-for v in MESSAGES ROUNDS SIZE WARMUP BASE_PORT; do
+for v in MESSAGES ROUNDS SIZE WARMUP BASE_PORT RELAY_TIMEOUT; do
   is_uint "${!v}" || die "$v must be a whole number, got '${!v}'"
 done
 [ -z "$DURATION" ] || is_uint "$DURATION" || die "DURATION must be whole seconds, got '$DURATION'"
-for c in $CONNS; do is_uint "$c" && [ "$c" -gt 0 ] || die "CONNS must be positive numbers, got '$CONNS'"; done
+for c in $CONNS $RELAY_CONNS; do is_uint "$c" && [ "$c" -gt 0 ] || die "CONNS and RELAY_CONNS must be positive numbers, got '$CONNS' and '$RELAY_CONNS'"; done
 [ "$ROUNDS" -gt 0 ] || die "ROUNDS must be at least 1"
 [ "$(id -u)" -eq 0 ] || die "run as root (it installs packages and runs a private Postfix instance)"
 case "$WORKDIR" in /tmp/?*|/var/tmp/?*) ;; *) die "WORKDIR must be under /tmp or /var/tmp (it is removed at exit), got $WORKDIR" ;; esac
@@ -96,8 +130,14 @@ case "$WORKDIR" in /tmp/?*|/var/tmp/?*) ;; *) die "WORKDIR must be under /tmp or
 declare -A PORT=(
   [smtp-once]=$((BASE_PORT + 1)) [postfix]=$((BASE_PORT + 2)) [postfix-hold]=$((BASE_PORT + 3))
   [haraka]=$((BASE_PORT + 4)) [smtp-sink]=$((BASE_PORT + 5))
+  [smtp-once-relay]=$((BASE_PORT + 6)) [postfix-relay]=$((BASE_PORT + 7))
+  [smtp-sink-dump]=$((BASE_PORT + 10))
 )
-declare -A DURABLE=([smtp-once]=yes [postfix]=yes [postfix-hold]=yes [haraka]=yes [smtp-sink]=no)
+# The smtp-sink each relay peer relays to (not peers themselves).
+declare -A RELAY_SINK_PORT=([smtp-once-relay]=$((BASE_PORT + 8)) [postfix-relay]=$((BASE_PORT + 9)))
+declare -A DURABLE=([smtp-once]=yes [postfix]=yes [postfix-hold]=yes [haraka]=yes [smtp-sink]=no
+  [smtp-once-relay]=yes [postfix-relay]=yes [smtp-sink-dump]=no)
+is_relay() { [ -n "${RELAY_SINK_PORT[$1]:-}" ]; }
 for p in $PEERS; do
   [ -n "${PORT[$p]:-}" ] || die "unknown peer '$p' in PEERS (known: ${!PORT[*]})"
 done
@@ -160,24 +200,27 @@ stop_all() { # workdir
     : > "$dir/pids"
   fi
   stop_postfix "$dir/postfix"
+  stop_postfix "$dir/postfix-relay"
 }
 
 CLEANED=0
+WAIT_PID=""   # a relay run's relay_wait.py, while it runs
 cleanup() {
   local rc=$?
   [ "$CLEANED" -eq 1 ] && return
   CLEANED=1
   trap - INT TERM
+  [ -n "$WAIT_PID" ] && kill "$WAIT_PID" 2>/dev/null
   if [ -d "$WORKDIR" ]; then
     stop_all "$WORKDIR"
     if [ -n "$RESULTS" ] && [ -f "$WORKDIR/results.tsv" ]; then
       cp "$WORKDIR/results.tsv" "$RESULTS" || warn "cannot write RESULTS=$RESULTS"
     fi
     if [ "$KEEP" = 1 ]; then
-      log "KEEP=1: configs, logs and queues left in $WORKDIR"
+      log "KEEP=1: configs, logs and queues left in $WORKDIR (sink dumps in $DUMP_DIR)"
     else
       log "removing $WORKDIR"
-      rm -rf "$WORKDIR"
+      rm -rf "$WORKDIR" ${DUMP_DIR:+"$DUMP_DIR"}
     fi
   fi
   exit "$rc"
@@ -186,11 +229,15 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# The relay sinks' dump files: in memory by default, and relay_wait.py frees
+# what it has read, so they stay small.
+DUMP_DIR=$SINK_DUMP_DIR/smtp-once-compare-sinks.$(basename "$WORKDIR")
 if [ -d "$WORKDIR" ]; then
   log "stopping what a previous run left in $WORKDIR"
   stop_all "$WORKDIR"
   rm -rf "$WORKDIR"
 fi
+rm -rf "$DUMP_DIR"
 mkdir -p "$WORKDIR"
 chmod 755 "$WORKDIR"   # Postfix's unprivileged daemons must reach their queue
 : > "$WORKDIR/pids"
@@ -263,7 +310,7 @@ BIN=$WORKDIR/bin/smtp-once
 "$BIN" bench --help >/dev/null 2>&1 || die "$SRC_BIN has no 'bench' subcommand"
 
 need_postfix=0
-{ has_peer postfix || has_peer postfix-hold || has_peer smtp-sink; } && need_postfix=1
+{ has_peer postfix || has_peer postfix-hold || has_peer smtp-sink || has_peer smtp-once-relay || has_peer postfix-relay || has_peer smtp-sink-dump; } && need_postfix=1
 if [ "$need_postfix" = 1 ] && { ! command -v postfix >/dev/null 2>&1 || [ ! -x /usr/sbin/smtp-sink ]; }; then
   # "No configuration": the package installs without creating or starting
   # the system's own mail server.
@@ -274,9 +321,12 @@ if [ "$need_postfix" = 1 ]; then
   if ! command -v postfix >/dev/null 2>&1 || ! getent passwd postfix >/dev/null; then
     has_peer postfix && skip_peer postfix "postfix is not installed"
     has_peer postfix-hold && skip_peer postfix-hold "postfix is not installed"
+    has_peer postfix-relay && skip_peer postfix-relay "postfix is not installed"
   fi
-  if [ ! -x /usr/sbin/smtp-sink ] && has_peer smtp-sink; then
-    skip_peer smtp-sink "/usr/sbin/smtp-sink is missing"
+  if [ ! -x /usr/sbin/smtp-sink ]; then
+    for p in smtp-sink smtp-once-relay postfix-relay smtp-sink-dump; do
+      has_peer "$p" && skip_peer "$p" "/usr/sbin/smtp-sink is missing"
+    done
   fi
 fi
 
@@ -304,6 +354,9 @@ ACTIVE=$(echo $ACTIVE)   # trim
 
 for p in $ACTIVE; do
   port_free "${PORT[$p]}" || die "127.0.0.1:${PORT[$p]} (for $p) is already in use: set BASE_PORT"
+  if is_relay "$p"; then
+    port_free "${RELAY_SINK_PORT[$p]}" || die "127.0.0.1:${RELAY_SINK_PORT[$p]} (for $p's sink) is already in use: set BASE_PORT"
+  fi
 done
 
 # ---------------------------------------------------------------------------
@@ -393,6 +446,78 @@ start_sink() {
   wait_smtp smtp-sink "${PORT[smtp-sink]}" "$BG_PID" "$WORKDIR/smtp-sink.log"
 }
 
+# A relay peer's smtp-sink: appends every transaction to a dump file that
+# relay_wait.py reads (and frees) to count the messages and their keys.
+start_relay_sink() { # peer
+  local peer=$1
+  mkdir -p "$DUMP_DIR"
+  chmod 1777 "$DUMP_DIR"   # the sink writes as nobody
+  : > "$WORKDIR/$peer.keys"
+  start_bg "$peer-sink" "$WORKDIR/$peer-sink.log" /usr/sbin/smtp-sink -u nobody -m 1000 \
+    -D "$DUMP_DIR/$peer.dump" "127.0.0.1:${RELAY_SINK_PORT[$peer]}" 1000
+  wait_smtp "$peer's smtp-sink" "${RELAY_SINK_PORT[$peer]}" "$BG_PID" "$WORKDIR/$peer-sink.log"
+}
+
+start_smtp_once_relay() {
+  local d=$WORKDIR/smtp-once-relay
+  mkdir -p "$d/data"
+  start_relay_sink smtp-once-relay || return 1
+  cat > "$d/smtp-once.toml" <<EOF
+# Written by benches/compare.sh
+[server]
+hostname = "smtp-once-relay.bench.test"
+data_dir = "$d/data"
+max_connections = 1000
+shutdown_grace = "5s"
+
+[[listener]]
+addr = "127.0.0.1:${PORT[smtp-once-relay]}"
+tls = "none"
+
+[[trusted_network]]
+cidr = "127.0.0.0/8"
+workspace = "bench"
+
+[relay]
+mode = "smarthost"
+smarthost = "127.0.0.1:${RELAY_SINK_PORT[smtp-once-relay]}"
+tls = "none"
+poll_interval = "$RELAY_POLL"
+$SMTP_ONCE_RELAY_EXTRA
+EOF
+  "$BIN" check-config --config "$d/smtp-once.toml" >&2 || return 1
+  start_bg smtp-once-relay "$d/server.log" "$BIN" serve --config "$d/smtp-once.toml"
+  wait_smtp smtp-once-relay "${PORT[smtp-once-relay]}" "$BG_PID" "$d/server.log" || return 1
+  VERSIONS+=("smtp-once-relay: the same binary, smarthost mode to its smtp-sink, poll_interval $RELAY_POLL${SMTP_ONCE_RELAY_EXTRA:+, $(echo $SMTP_ONCE_RELAY_EXTRA)}")
+}
+
+# A second private Postfix instance from the same templates: its smtpd port
+# only, no defer_transports, relayhost = its sink; every other setting as
+# the accept-only instance (Postfix's defaults for the smtp client: the
+# connection cache, 20 connections to one destination).
+PFR=$WORKDIR/postfix-relay
+start_postfix_relay() {
+  mkdir -p "$PFR/etc" "$PFR/queue" "$PFR/data"
+  chown postfix "$PFR/data"
+  start_relay_sink postfix-relay || return 1
+  local f
+  for f in main.cf master.cf; do
+    sed -e "s#@BASE@#$PFR#g" -e "s#@PORT@#${PORT[postfix-relay]}#g" -e "s#@HOLD_PORT@#0#g" \
+      "$BENCHES_DIR/postfix/$f.in" > "$PFR/etc/$f"
+  done
+  postconf -c "$PFR/etc" -X bench_hold_restrictions 2>/dev/null || return 1
+  postconf -c "$PFR/etc" -MX "127.0.0.1:0/inet" >&2 || return 1
+  postconf -c "$PFR/etc" -e "relayhost = [127.0.0.1]:${RELAY_SINK_PORT[postfix-relay]}" "defer_transports =" \
+    "myhostname = postfix-relay.bench.test" >&2 || return 1
+  if ! postfix -c "$PFR/etc" check >&2 || ! postfix -c "$PFR/etc" start >&2; then
+    warn "postfix-relay failed to start; $PFR/maillog says:"
+    tail -n 20 "$PFR/maillog" >&2 2>/dev/null || true
+    return 1
+  fi
+  wait_smtp postfix-relay "${PORT[postfix-relay]}" "" "$PFR/maillog" || return 1
+  VERSIONS+=("postfix-relay: Postfix $(postconf -c "$PFR/etc" -h mail_version), relayhost = its smtp-sink, smtp client defaults (connection cache, destination concurrency $(postconf -c "$PFR/etc" -h default_destination_concurrency_limit))")
+}
+
 has_peer smtp-once && { start_smtp_once || die "smtp-once did not start (log: $WORKDIR/smtp-once/server.log; KEEP=1 keeps it)"; }
 if has_peer postfix || has_peer postfix-hold; then
   if start_postfix; then
@@ -404,6 +529,17 @@ if has_peer postfix || has_peer postfix-hold; then
 fi
 has_peer haraka && { start_haraka || skip_peer haraka "did not start"; }
 has_peer smtp-sink && { start_sink || skip_peer smtp-sink "did not start"; }
+# The relay sinks' twin, benchmarked directly; its dump is emptied after every run.
+start_sink_dump() {
+  mkdir -p "$DUMP_DIR"
+  chmod 1777 "$DUMP_DIR"
+  start_bg smtp-sink-dump "$WORKDIR/smtp-sink-dump.log" /usr/sbin/smtp-sink -u nobody -m 1000 \
+    -D "$DUMP_DIR/smtp-sink-dump.dump" "127.0.0.1:${PORT[smtp-sink-dump]}" 1000
+  wait_smtp smtp-sink-dump "${PORT[smtp-sink-dump]}" "$BG_PID" "$WORKDIR/smtp-sink-dump.log"
+}
+has_peer smtp-sink-dump && { start_sink_dump || skip_peer smtp-sink-dump "did not start"; }
+has_peer smtp-once-relay && { start_smtp_once_relay || die "smtp-once-relay did not start (log: $WORKDIR/smtp-once-relay/server.log; KEEP=1 keeps it)"; }
+has_peer postfix-relay && { start_postfix_relay || skip_peer postfix-relay "did not start"; }
 ACTIVE=$(echo $ACTIVE)
 [ -n "$ACTIVE" ] || die "no peer left to run"
 
@@ -458,7 +594,8 @@ cpu_busy_jiffies() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8; exit}' /proc/st
 # Runs
 
 RESULTS_TSV=$WORKDIR/results.tsv
-printf 'peer\tdurable\tconns\tround\tmessages\tseconds\tmsgs_per_sec\tp50\tp90\tp99\tmax\tacked\tother_replies\terrors\tstored\tcpu_ms_per_msg\n' > "$RESULTS_TSV"
+# The last five columns are for the relay peers only ("-" otherwise).
+printf 'peer\tdurable\tconns\tround\tmessages\tseconds\tmsgs_per_sec\tp50\tp90\tp99\tmax\tacked\tother_replies\terrors\tstored\tcpu_ms_per_msg\te2e_seconds\te2e_msgs_per_sec\tsink\tsink_keys\trelayed\n' > "$RESULTS_TSV"
 MISMATCHES=()
 FAILED_RUNS=()
 declare -A STORED0 ACKED_TOTAL
@@ -466,6 +603,8 @@ for p in $ACTIVE; do
   STORED0[$p]=$(stored_count "$p")
   ACKED_TOTAL[$p]=0
 done
+declare -A RELAYED_TOTAL
+for p in $ACTIVE; do RELAYED_TOTAL[$p]=0; done
 CLK_TCK=$(getconf CLK_TCK)
 
 bench_one() { # peer conns round count
@@ -482,6 +621,7 @@ bench_one() { # peer conns round count
   out=$("$BIN" bench --server "127.0.0.1:${PORT[$peer]}" -c "$c" "${load[@]}" --size "$SIZE" --json --quiet \
           2>> "$WORKDIR/bench-$peer.err") || rc=$?
   j1=$(cpu_busy_jiffies)
+  [ "$peer" = smtp-sink-dump ] && : > "$DUMP_DIR/smtp-sink-dump.dump"
   if [ "$rc" -ne 0 ]; then
     warn "$peer c=$c round $round: smtp-once bench failed (exit $rc); last errors:"
     tail -n 5 "$WORKDIR/bench-$peer.err" >&2 || true
@@ -503,7 +643,7 @@ l = r["latency_ms"]
 print("\t".join([peer, durable, conns, rnd, str(r["messages"]), f'{r["seconds"]:.3f}',
                  f'{r["msgs_per_sec"]:.1f}', f'{l["p50"]:.3f}', f'{l["p90"]:.3f}',
                  f'{l["p99"]:.3f}', f'{l["max"]:.3f}', str(acked), other,
-                 str(r.get("errors", 0)), stored, f"{cpu_ms:.3f}"]))
+                 str(r.get("errors", 0)), stored, f"{cpu_ms:.3f}", "-", "-", "-", "-", "-"]))
 EOF
 )
   echo "$line" >> "$RESULTS_TSV"
@@ -520,10 +660,113 @@ EOF
   fi
 }
 
+# A relay peer: the same load, then wait until its sink has every
+# acknowledged message and the peer has recorded each one as relayed.
+# relay_wait.py runs alongside the load from its start, so the end-to-end
+# time is the bench's start to the moment both were first seen (20 ms polls).
+relay_wait() { # peer [extra args...]
+  local peer=$1
+  shift
+  local -a peer_args
+  case "$peer" in
+    smtp-once-relay) peer_args=(--smtp-once-db "$WORKDIR/smtp-once-relay/data/smtp-once.db") ;;
+    postfix-relay) peer_args=(--postfix-queue "$PFR/queue" --postfix-log "$PFR/maillog") ;;
+  esac
+  # exec: run in the background, $! is python itself (cleanup kills it).
+  exec python3 "$BENCHES_DIR/relay_wait.py" --dump "$DUMP_DIR/$peer.dump" --keys "$WORKDIR/$peer.keys" \
+    --state "$WORKDIR/$peer.wait-state" "${peer_args[@]}" "$@"
+}
+
+bench_relay() { # peer conns round count
+  local peer=$1 c=$2 round=$3 count=$4 j0 j1 out rc line wpid t0
+  local expect_file=$WORKDIR/$peer.expect wait_out=$WORKDIR/$peer.wait.json
+  rm -f "$expect_file" "$wait_out"
+  j0=$(cpu_busy_jiffies)
+  t0=$EPOCHREALTIME
+  relay_wait "$peer" --expect "$count" --expect-file "$expect_file" --timeout "$RELAY_TIMEOUT" > "$wait_out" &
+  wpid=$!
+  WAIT_PID=$wpid
+  rc=0
+  out=$("$BIN" bench --server "127.0.0.1:${PORT[$peer]}" -c "$c" -n "$count" --size "$SIZE" --json --quiet \
+          2>> "$WORKDIR/bench-$peer.err") || rc=$?
+  # What to wait for: every 250 (a refusal is never relayed).
+  if [ "$rc" -eq 0 ]; then
+    python3 -c 'import json,sys; print(json.loads(sys.argv[1])["replies"].get("250", 0))' "$out" > "$expect_file.tmp"
+  else
+    echo 0 > "$expect_file.tmp"
+  fi
+  mv "$expect_file.tmp" "$expect_file"
+  wait "$wpid" || true
+  WAIT_PID=""
+  j1=$(cpu_busy_jiffies)
+  if [ "$rc" -eq 0 ] && [ ! -s "$wait_out" ]; then
+    warn "$peer c=$c round $round: relay_wait.py died without a result"
+    FAILED_RUNS+=("$peer c=$c round $round: relay_wait.py died")
+    return 0
+  fi
+  if [ "$rc" -ne 0 ]; then
+    warn "$peer c=$c round $round: smtp-once bench failed (exit $rc); last errors:"
+    tail -n 5 "$WORKDIR/bench-$peer.err" >&2 || true
+    FAILED_RUNS+=("$peer c=$c round $round")
+    return 0
+  fi
+  line=$(python3 - "$peer" "$c" "$round" "$((j1 - j0))" "$CLK_TCK" "$t0" "$out" "$(cat "$wait_out")" <<'EOF'
+import json, sys
+peer, conns, rnd, jiffies, tck, t0, out, waited = sys.argv[1:]
+r = json.loads(out)
+w = json.loads(waited)
+replies = r.get("replies", {})
+acked = int(replies.get("250", 0))
+other = ",".join(f"{k}={v}" for k, v in sorted(replies.items()) if k != "250") or "-"
+msgs = max(int(r["messages"]), 1)
+cpu_ms = int(jiffies) * 1000.0 / int(tck) / msgs
+l = r["latency_ms"]
+if w["done"]:
+    e2e = w["t_done"] - float(t0)
+    e2e_s, e2e_rate = f"{e2e:.3f}", f"{acked / e2e:.1f}"
+else:
+    e2e_s, e2e_rate = "timeout", "0"
+print("\t".join([peer, "yes", conns, rnd, str(r["messages"]), f'{r["seconds"]:.3f}',
+                 f'{r["msgs_per_sec"]:.1f}', f'{l["p50"]:.3f}', f'{l["p90"]:.3f}',
+                 f'{l["p99"]:.3f}', f'{l["max"]:.3f}', str(acked), other,
+                 str(r.get("errors", 0)), str(w["recorded"]), f"{cpu_ms:.3f}",
+                 e2e_s, e2e_rate, str(w["sink"]), str(w["sink_keys"]), str(w["recorded"])]))
+EOF
+)
+  echo "$line" >> "$RESULTS_TSV"
+  local mps p99 acked other errs e2e_s e2e_rate sink sink_keys relayed
+  IFS=$'\t' read -r _ _ _ _ _ _ mps _ _ p99 _ acked other errs _ _ e2e_s e2e_rate sink sink_keys relayed <<< "$line"
+  ACKED_TOTAL[$peer]=$(( ${ACKED_TOTAL[$peer]} + acked ))
+  RELAYED_TOTAL[$peer]=$(( ${RELAYED_TOTAL[$peer]} + relayed ))
+  log "$(printf '%-15s c=%-3s round %-6s accept %9s msgs/s  p99 %7s ms  end to end %9s msgs/s (%s s)  250=%s sink=%s keys=%s relayed=%s' \
+    "$peer" "$c" "$round" "$mps" "$p99" "$e2e_rate" "$e2e_s" "$acked" "$sink" "$sink_keys" "$relayed")"
+  if [ "$e2e_s" = timeout ]; then
+    warn "$peer c=$c round $round: not every message reached the sink and was recorded within ${RELAY_TIMEOUT}s (sink $sink, relayed $relayed of $acked)"
+    FAILED_RUNS+=("$peer c=$c round $round: relay timeout (sink $sink, relayed $relayed of $acked)")
+  elif [ "$sink" -ne "$acked" ] || [ "$sink_keys" -ne "$acked" ] || [ "$relayed" -ne "$acked" ]; then
+    warn "!!! MISMATCH: $peer acknowledged $acked, the sink received $sink ($sink_keys keys), the peer recorded $relayed relayed (c=$c round $round) !!!"
+    MISMATCHES+=("$peer c=$c round $round: 250 x $acked, sink $sink (keys $sink_keys), relayed $relayed")
+  fi
+  if [ "$other" != - ] || [ "$errs" != 0 ]; then
+    warn "$peer c=$c round $round: replies other than 250: $other, connection errors: $errs (see $WORKDIR/bench-$peer.err)"
+  fi
+}
+
+run_one() { # peer conns round count
+  if is_relay "$1"; then
+    [[ " $RELAY_CONNS " == *" $2 "* ]] || return 0
+    bench_relay "$@"
+  else
+    bench_one "$@"
+  fi
+}
+
 max_conns=0
 for c in $CONNS; do [ "$c" -gt "$max_conns" ] && max_conns=$c; done
 if [ "$WARMUP" -gt 0 ]; then
-  for p in $ACTIVE; do bench_one "$p" "$max_conns" warmup "$WARMUP"; done
+  for p in $ACTIVE; do
+    if is_relay "$p"; then bench_relay "$p" "$max_conns" warmup "$WARMUP"; else bench_one "$p" "$max_conns" warmup "$WARMUP"; fi
+  done
 fi
 
 if [ -n "$DURATION" ]; then load_desc="${DURATION} s per run"; else load_desc="$MESSAGES messages per run"; fi
@@ -532,7 +775,7 @@ T0=$SECONDS
 for round in $(seq 1 "$ROUNDS"); do
   for c in $CONNS; do
     for p in $ACTIVE; do
-      bench_one "$p" "$c" "$round" "$MESSAGES"
+      run_one "$p" "$c" "$round" "$MESSAGES"
     done
   done
 done
@@ -544,6 +787,19 @@ log "measured in $((SECONDS - T0)) s"
 VERIFY=()
 for p in $ACTIVE; do
   [ "${DURABLE[$p]}" = yes ] || continue
+  if is_relay "$p"; then
+    # Stragglers included: anything relayed twice shows up here.
+    tally=$(relay_wait "$p" --final)
+    read -r received distinct dups < <(python3 -c 'import json,sys; t=json.loads(sys.argv[1]); print(t["received"], t["distinct"], t["duplicates"])' "$tally")
+    if [ "$received" -eq "${ACKED_TOTAL[$p]}" ] && [ "$distinct" -eq "$received" ] && [ "${RELAYED_TOTAL[$p]}" -eq "$received" ]; then
+      verdict=ok
+    else
+      verdict=MISMATCH
+      MISMATCHES+=("$p overall: 250 x ${ACKED_TOTAL[$p]}, sink received $received ($distinct distinct keys), relayed ${RELAYED_TOTAL[$p]}")
+    fi
+    VERIFY+=("$p: ${ACKED_TOTAL[$p]} acknowledged, ${RELAYED_TOTAL[$p]} recorded relayed, its sink received $received with $distinct distinct idempotency keys ($dups duplicates): $verdict")
+    continue
+  fi
   total=$(( $(stored_count "$p") - ${STORED0[$p]} ))
   if [ "$total" -eq "${ACKED_TOTAL[$p]}" ]; then
     VERIFY+=("$p: ${ACKED_TOTAL[$p]} acknowledged, $total stored: ok")
@@ -572,7 +828,7 @@ cpu_model=$(awk -F': *' '/^model name/ {print $2; exit}' /proc/cpuinfo)
 [ -n "$cpu_model" ] || cpu_model=$(uname -m)
 MACHINE="$(nproc) CPUs ($cpu_model), $(awk '/^MemTotal/ {printf "%.0f GiB RAM", $2/1048576}' /proc/meminfo), Linux $(uname -r), $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME")"
 
-export MACHINE MARKDOWN ROUNDS SIZE CONNS
+export MACHINE MARKDOWN ROUNDS SIZE CONNS RELAY_CONNS
 export LOAD_DESC=$load_desc
 export VERSIONS_TEXT=$(printf '%s\n' "${VERSIONS[@]}")
 export VERIFY_TEXT=$(printf '%s\n' "${VERIFY[@]+"${VERIFY[@]}"}")

@@ -4,7 +4,11 @@
 Reads the per-run TSV that compare.sh writes (argument 1) and, from the
 environment, the description of the run (MACHINE, VERSIONS_TEXT, LOAD_DESC,
 ROUNDS, SIZE, CONNS, VERIFY_TEXT, SKIPPED_TEXT, MISMATCH_TEXT, FAILED_TEXT,
-MARKDOWN=1 for a README-ready table).
+MARKDOWN=1 for a README-ready table, RELAY_CONNS).
+
+The relay peers (smtp-once-relay, postfix-relay) get a table of their own:
+acceptance while relaying, end to end, and what their sinks received, next
+to the accept-only run of the same server in the same round.
 
 Ratios are "smtp-once / peer": computed per round (the runs of one round are
 minutes apart at most, so the machine's drift cancels out) and the median
@@ -17,13 +21,14 @@ import os
 import statistics
 import sys
 
-ORDER = ["smtp-once", "postfix", "postfix-hold", "haraka", "smtp-sink"]
+ORDER = ["smtp-once", "postfix", "postfix-hold", "haraka", "smtp-sink", "smtp-sink-dump"]
 LABEL = {
     "smtp-once": "smtp-once",
     "postfix": "Postfix (`defer_transports = smtp`)",
     "postfix-hold": "Postfix, every message on hold",
     "haraka": "Haraka + queue plugin that fsyncs",
     "smtp-sink": "Postfix `smtp-sink` (stores nothing: the protocol ceiling)",
+    "smtp-sink-dump": "`smtp-sink -D`, as the relay runs' next hop (the end-to-end ceiling)",
 }
 PLAIN_LABEL = {
     "smtp-once": "smtp-once",
@@ -31,7 +36,11 @@ PLAIN_LABEL = {
     "postfix-hold": "postfix-hold",
     "haraka": "haraka",
     "smtp-sink": "smtp-sink",
+    "smtp-sink-dump": "smtp-sink-dump",
 }
+# relay peer -> the accept-only peer of the same server
+RELAY_OF = {"smtp-once-relay": "smtp-once", "postfix-relay": "postfix"}
+RELAY_LABEL = {"smtp-once-relay": "smtp-once", "postfix-relay": "Postfix"}
 
 
 def env_lines(name):
@@ -106,6 +115,13 @@ def main():
         print_markdown(now, machine, load, size, nrounds, versions, peers, conns, durable, stats)
     else:
         print_plain(now, machine, load, size, nrounds, versions, peers, conns, durable, stats)
+    relay = relay_stats(by)
+    if relay:
+        print()
+        if markdown:
+            print_relay_markdown(now, size, nrounds, relay, stats)
+        else:
+            print_relay_plain(relay, stats)
 
     out = print
     verify = env_lines("VERIFY_TEXT")
@@ -132,6 +148,121 @@ def main():
         out("!!! MISMATCHES: a peer did not store exactly what it acknowledged !!!")
         for m in mismatches:
             out(f"{bullet}{m}")
+
+
+def per_round_ratio(num, den, key_num, key_den):
+    """Median over the rounds both ran of num[key_num] / den[key_den]."""
+    ratios = [
+        float(num[r][key_num]) / float(den[r][key_den])
+        for r in num
+        if r in den and float(den[r][key_den]) > 0
+    ]
+    return statistics.median(ratios) if ratios else None
+
+
+def relay_stats(by):
+    """(relay peer, conns) -> figures, with ratios against the accept-only run."""
+    out = {}
+    for (peer, c), rounds in sorted(by.items(), key=lambda kv: (int(kv[0][1]), list(RELAY_OF).index(kv[0][0]) if kv[0][0] in RELAY_OF else 0)):
+        if peer not in RELAY_OF:
+            continue
+        done = {k: r for k, r in rounds.items() if r["e2e_seconds"] not in ("timeout", "-")}
+        accept = [float(r["msgs_per_sec"]) for r in rounds.values()]
+        e2e = [float(r["e2e_msgs_per_sec"]) for r in done.values()]
+        base = by.get((RELAY_OF[peer], c), {})
+        ours = by.get(("smtp-once-relay", c), {})
+        out[(peer, c)] = {
+            "n": len(rounds),
+            "accept": (statistics.median(accept), min(accept), max(accept)),
+            "p99": statistics.median(float(r["p99"]) for r in rounds.values()),
+            "e2e": (statistics.median(e2e), min(e2e), max(e2e)) if e2e else None,
+            "timeouts": len(rounds) - len(done),
+            "acked": sum(int(r["acked"]) for r in rounds.values()),
+            "sink": sum(int(r["sink"]) for r in rounds.values()),
+            "keys": sum(int(r["sink_keys"]) for r in rounds.values()),
+            "relayed": sum(int(r["relayed"]) for r in rounds.values()),
+            "cpu": statistics.median(float(r["cpu_ms_per_msg"]) for r in rounds.values()),
+            # this server relaying / the same server accept-only, same round
+            "accept_ratio": per_round_ratio(rounds, base, "msgs_per_sec", "msgs_per_sec"),
+            "e2e_ratio": per_round_ratio(done, base, "e2e_msgs_per_sec", "msgs_per_sec"),
+            # smtp-once end to end / this peer end to end, same round
+            "vs": per_round_ratio(ours, done, "e2e_msgs_per_sec", "e2e_msgs_per_sec")
+            if peer != "smtp-once-relay"
+            else None,
+        }
+    return out
+
+
+def fmt_range(t, n):
+    if t is None:
+        return "timeout"
+    med, lo, hi = t
+    return fmt_rate(med) + (f" ({fmt_rate(lo)}-{fmt_rate(hi)})" if n > 1 else "")
+
+
+def print_relay_plain(relay, stats):
+    print("End to end: each server relays to its own smtp-sink (smtp-once: smarthost mode;")
+    print("Postfix: relayhost); a run lasts until the sink has every message and the server")
+    print("has recorded it as relayed. accept: msgs/s while relaying; ratios per round, median.")
+    head = (
+        f"{'server':<10} {'conns':>5} {'accept msgs/s':<22} {'p99 ms':>7} {'end-to-end msgs/s':<22} "
+        f"{'accept/acc-only':>15} {'e2e/acc-only':>12} {'smtp-once e2e/':>14} {'cpu ms/msg':>10}  "
+        f"{'acked sink keys relayed':<24}"
+    )
+    print(head)
+    print("-" * len(head))
+    for (peer, c), s in relay.items():
+        counts = f"{s['acked']} {s['sink']} {s['keys']} {s['relayed']}"
+        ok = s["acked"] == s["sink"] == s["keys"] == s["relayed"] and not s["timeouts"]
+        print(
+            f"{RELAY_LABEL[peer]:<10} {c:>5} {fmt_range(s['accept'], s['n']):<22} {fmt_ms(s['p99']):>7} "
+            f"{fmt_range(s['e2e'], s['n']):<22} {fmt_ratio(s['accept_ratio']):>15} "
+            f"{fmt_ratio(s['e2e_ratio']):>12} {fmt_ratio(s['vs']):>14} {s['cpu']:>10.3f}  "
+            f"{counts}{'' if ok else '  MISMATCH/TIMEOUT'}"
+        )
+    print(
+        "acc-only: the same server's accept-only run at the same connection count;"
+        " smtp-once e2e/: smtp-once's end-to-end rate over this server's."
+    )
+
+
+def print_relay_markdown(now, size, nrounds, relay, stats):
+    print(
+        f"End to end, measured {now:%Y-%m-%d} in the same run: each server relays to its own "
+        f"Postfix `smtp-sink` over loopback (smtp-once in smarthost mode with `tls = \"none\"`, "
+        f"Postfix with `relayhost`), and a run ends when the sink has every acknowledged "
+        f"message and the server has recorded it as relayed. Accept-only is the same server "
+        f"queueing without delivering, in the same rounds; \"while relaying\" is the "
+        f"acceptance rate and p99 of the end-to-end run; ratios are per round, median."
+    )
+    print()
+    print(
+        "| server | conns | accept-only msgs/s | p99 ms | accepting while relaying msgs/s | p99 ms "
+        "| end to end msgs/s | end to end ÷ accept-only | sink received (distinct keys) / acknowledged |"
+    )
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for (peer, c), s in relay.items():
+        base = stats.get((RELAY_OF[peer], c))
+        if base:
+            acc_only = fmt_rate(base["median"]) + (
+                f" ({fmt_rate(base['min'])}–{fmt_rate(base['max'])})" if base["n"] > 1 else ""
+            )
+            acc_p99 = fmt_ms(base["p99"])
+        else:
+            acc_only = acc_p99 = "—"
+        e2e = fmt_range(s["e2e"], s["n"]).replace("-", "–")
+        if peer == "smtp-once-relay":
+            e2e = f"**{e2e}**"
+        print(
+            f"| {RELAY_LABEL[peer]} | {c} | {acc_only} | {acc_p99} "
+            f"| {fmt_range(s['accept'], s['n']).replace('-', '–')} | {fmt_ms(s['p99'])} | {e2e} "
+            f"| {fmt_ratio(s['e2e_ratio']).replace('x', '×')} "
+            f"| {s['sink']:,} ({s['keys']:,}) / {s['acked']:,} |"
+        )
+    vs = [s["vs"] for (p, _c), s in relay.items() if p == "postfix-relay" and s["vs"]]
+    if vs:
+        print()
+        print(f"smtp-once end to end ÷ Postfix end to end: {fmt_ratio(vs[0]).replace('x', '×')} (median of per-round ratios).")
 
 
 def best_durable(peers, durable, stats, c):
