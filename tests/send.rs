@@ -360,7 +360,10 @@ async fn daemon_down_exits_75_and_keeps_the_message_for_flush() {
     assert!(r.stderr.contains("--flush"), "{r:?}");
     // It retried before giving up (how often depends on the jittered waits
     // against the 3 s deadline, so count attempts, not time).
-    assert!(r.stderr.contains("attempt 1 failed"), "{r:?} after {took:?}");
+    assert!(
+        r.stderr.contains("attempt 1 failed"),
+        "{r:?} after {took:?}"
+    );
     assert_eq!(spooled(&spool).len(), 1);
 
     let d = Daemon::start(Options::default());
