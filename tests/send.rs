@@ -47,14 +47,27 @@ impl Run {
 
 /// `smtp-once send` as alice to `server` in plaintext.
 fn command(server: SocketAddr, spool: &Path, args: &[&str]) -> tokio::process::Command {
+    command_as(server, spool, Some(("alice", "alice-pw")), args)
+}
+
+/// `smtp-once send` to `server` in plaintext, as `login` (name, password)
+/// or without AUTH.
+fn command_as(
+    server: SocketAddr,
+    spool: &Path,
+    login: Option<(&str, &str)>,
+    args: &[&str],
+) -> tokio::process::Command {
     let mut c = tokio::process::Command::new(BIN);
     c.arg("send")
-        .args(["--tls", "none", "--user", "alice", "--server"])
+        .args(["--tls", "none", "--server"])
         .arg(server.to_string())
         .arg("--spool")
-        .arg(spool)
-        .args(args)
-        .env("SMTP_ONCE_PASSWORD", "alice-pw")
+        .arg(spool);
+    if let Some((user, password)) = login {
+        c.args(["--user", user]).env("SMTP_ONCE_PASSWORD", password);
+    }
+    c.args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -510,4 +523,84 @@ async fn implicit_tls_and_a_listener_without_starttls() {
     assert!(!r.stderr.contains("attempt 1 failed"), "not retried: {r:?}");
     assert!(spooled(&spool).is_empty(), "{:?}", spooled(&spool));
     assert_eq!(d.queue_count(), 1);
+}
+
+/// A cron `--flush` with a stale password gets 535 to AUTH. That refuses
+/// the login, not the message: the spooled message (which may never have
+/// reached the server) stays for the next flush instead of being deleted.
+#[tokio::test]
+async fn a_flush_refused_at_auth_keeps_the_spool() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let spool = tmp.path().join("spool");
+    let down = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port");
+    let message = b"From: alice@example.test\nTo: dest@example.net\nSubject: s\n\nbody\n";
+    let r = send(
+        down,
+        &spool,
+        &["--deadline", "2s", "dest@example.net"],
+        message,
+    )
+    .await;
+    assert_eq!(r.code, Some(75), "{r:?}");
+    assert_eq!(spooled(&spool).len(), 1, "{r:?}");
+
+    let d = Daemon::start(Options::default());
+    let stale = command_as(
+        d.plain,
+        &spool,
+        Some(("alice", "not-the-password")),
+        &["--flush"],
+    );
+    let r = run(stale, b"").await;
+    assert_eq!(r.code, Some(77), "{r:?}");
+    assert!(r.stderr.contains("535"), "{r:?}");
+    assert_eq!(
+        spooled(&spool).len(),
+        1,
+        "kept after the AUTH refusal: {r:?}"
+    );
+    assert_eq!(d.queue_count(), 0);
+
+    let r = flush(d.plain, &spool).await;
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.starts_with("queued as "), "{r:?}");
+    assert_eq!(d.queue_count(), 1);
+    assert!(spooled(&spool).is_empty(), "{:?}", spooled(&spool));
+}
+
+/// The same for a flush without AUTH from an address the server no longer
+/// trusts: `530` to MAIL refuses the session, not the message.
+#[tokio::test]
+async fn a_flush_refused_for_want_of_auth_keeps_the_spool() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let spool = tmp.path().join("spool");
+    let down = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port");
+    let message = b"From: app@example.test\nTo: dest@example.net\nSubject: s\n\nbody\n";
+    let no_auth = command_as(
+        down,
+        &spool,
+        None,
+        &["--deadline", "2s", "dest@example.net"],
+    );
+    let r = run(no_auth, message).await;
+    assert_eq!(r.code, Some(75), "{r:?}");
+
+    let untrusted = Daemon::start(Options::default());
+    let r = run(command_as(untrusted.plain, &spool, None, &["--flush"]), b"").await;
+    assert!(r.stderr.contains("530"), "{r:?}");
+    assert_eq!(spooled(&spool).len(), 1, "kept after the 530: {r:?}");
+    assert_eq!(untrusted.queue_count(), 0);
+
+    let trusted = Daemon::start(Options {
+        trusted_network: Some(("127.0.0.0/8", "local")),
+        ..Options::default()
+    });
+    let r = run(command_as(trusted.plain, &spool, None, &["--flush"]), b"").await;
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert_eq!(trusted.queue_count(), 1);
+    assert!(spooled(&spool).is_empty(), "{:?}", spooled(&spool));
 }
