@@ -211,17 +211,9 @@ async fn tiny_session(
             "DATA" => {
                 w.write_all(b"354 go ahead\r\n").await?;
                 data_started.fetch_add(1, Ordering::SeqCst);
-                let mut data = Vec::new();
-                loop {
-                    let mut l = Vec::new();
-                    if r.read_until(b'\n', &mut l).await? == 0 {
-                        return Ok(());
-                    }
-                    if l == b".\r\n" {
-                        break;
-                    }
-                    data.extend_from_slice(l.strip_prefix(b".").unwrap_or(&l));
-                }
+                let Some(data) = common::read_data_body(&mut r).await? else {
+                    return Ok(());
+                };
                 tokio::time::sleep(data_delay).await;
                 txns.lock().expect("lock").push(Txn {
                     from: from.clone(),

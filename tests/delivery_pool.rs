@@ -124,17 +124,9 @@ async fn serve(
             "RCPT" => "250 2.1.5 Ok",
             "DATA" => {
                 w.write_all(b"354 go ahead\r\n").await?;
-                let mut data = Vec::new();
-                loop {
-                    let mut l = Vec::new();
-                    if r.read_until(b'\n', &mut l).await? == 0 {
-                        return Ok(());
-                    }
-                    if l == b".\r\n" {
-                        break;
-                    }
-                    data.extend_from_slice(l.strip_prefix(b".").unwrap_or(&l));
-                }
+                let Some(data) = common::read_data_body(&mut r).await? else {
+                    return Ok(());
+                };
                 dots += 1;
                 let key = smtp_once::idempotency::key::extract_key(&data)
                     .expect("valid key")

@@ -92,16 +92,10 @@ async fn record(stream: tokio::net::TcpStream, seen: Arc<Mutex<Vec<Seen>>>) -> s
             }
             "DATA" => {
                 w.write_all(b"354 go ahead\r\n").await?;
-                loop {
-                    let mut l = Vec::new();
-                    if r.read_until(b'\n', &mut l).await? == 0 {
-                        return Ok(());
-                    }
-                    if l == b".\r\n" {
-                        break;
-                    }
-                    txn.data.push_str(&String::from_utf8_lossy(&l));
-                }
+                let Some(data) = common::read_data_body(&mut r).await? else {
+                    return Ok(());
+                };
+                txn.data = String::from_utf8_lossy(&data).into_owned();
                 seen.lock().expect("lock").push(std::mem::take(&mut txn));
                 "250 2.0.0 recorded"
             }

@@ -351,6 +351,25 @@ purge_interval = "{purge}"
     )
 }
 
+/// For the tests' own SMTP servers: the DATA body up to the lone dot,
+/// dot-unstuffed; `None` if the client hung up first.
+pub async fn read_data_body<R: tokio::io::AsyncBufRead + Unpin>(
+    r: &mut R,
+) -> std::io::Result<Option<Vec<u8>>> {
+    use tokio::io::AsyncBufReadExt;
+    let mut data = Vec::new();
+    loop {
+        let mut l = Vec::new();
+        if r.read_until(b'\n', &mut l).await? == 0 {
+            return Ok(None);
+        }
+        if l == b".\r\n" {
+            return Ok(Some(data));
+        }
+        data.extend_from_slice(l.strip_prefix(b".").unwrap_or(&l));
+    }
+}
+
 /// Polls `f` every 25 ms until it gives a value; fails the test after `secs`.
 pub async fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + Duration::from_secs(secs);
