@@ -1,7 +1,8 @@
-//! The next server's replies as one line of text, for the two SMTP client
-//! sides (delivery and `smtp-once send`), both on mail-send.
+//! What the two SMTP client sides (delivery and `smtp-once send`, both on
+//! mail-send) share: the next server's replies as one line of text, and the
+//! MAIL FROM parameters a message needs.
 
-use smtp_proto::Response;
+use smtp_proto::{EXT_8BIT_MIME, EXT_SIZE, EXT_SMTP_UTF8, EhloResponse, Response};
 
 /// `250 2.0.0 text`, lines joined with ` / `, control characters escaped:
 /// the text is the other server's, and it ends up in logs, the queue and
@@ -38,6 +39,29 @@ pub fn describe(e: &mail_send::Error) -> String {
         mail_send::Error::UnparseableReply => "connection closed or unparseable reply".into(),
         other => other.to_string(),
     }
+}
+
+/// The MAIL FROM parameters for `content` from `from` to `rcpts`, as far
+/// as the server offers them: SIZE, BODY=8BITMIME for 8-bit content,
+/// SMTPUTF8 for a UTF-8 envelope.
+pub fn mail_params(
+    caps: &EhloResponse<String>,
+    from: &str,
+    rcpts: &[String],
+    content: &[u8],
+) -> String {
+    let mut params = String::new();
+    if caps.has_capability(EXT_SIZE) {
+        params.push_str(&format!(" SIZE={}", content.len()));
+    }
+    if caps.has_capability(EXT_8BIT_MIME) && !content.is_ascii() {
+        params.push_str(" BODY=8BITMIME");
+    }
+    let utf8_envelope = !from.is_ascii() || rcpts.iter().any(|r| !r.is_ascii());
+    if caps.has_capability(EXT_SMTP_UTF8) && utf8_envelope {
+        params.push_str(" SMTPUTF8");
+    }
+    params
 }
 
 #[cfg(test)]

@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use mail_send::{Credentials, SmtpClient};
 use smtp_proto::response::parser::ResponseReceiver;
-use smtp_proto::{
-    EXT_8BIT_MIME, EXT_PIPELINING, EXT_SIZE, EXT_SMTP_UTF8, EXT_START_TLS, EhloResponse, Response,
-};
+use smtp_proto::{EXT_PIPELINING, EXT_START_TLS, EhloResponse, Response};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -20,7 +18,7 @@ use tokio_rustls::client::TlsStream;
 
 use super::content::dot_stuffed;
 use super::{RcptResult, Status};
-use crate::client_reply::{describe, format_reply};
+use crate::client_reply::{describe, format_reply, mail_params};
 
 #[derive(Clone)]
 pub struct ClientSettings {
@@ -321,26 +319,6 @@ async fn pipelined<T: AsyncRead + AsyncWrite + Unpin>(
         Err(_) => Some(mail_send::Error::Timeout),
     };
     (got, error)
-}
-
-fn mail_params(
-    caps: &EhloResponse<String>,
-    from: &str,
-    rcpts: &[String],
-    content: &[u8],
-) -> String {
-    let mut params = String::new();
-    if caps.has_capability(EXT_SIZE) {
-        params.push_str(&format!(" SIZE={}", content.len()));
-    }
-    if caps.has_capability(EXT_8BIT_MIME) && !content.is_ascii() {
-        params.push_str(" BODY=8BITMIME");
-    }
-    let utf8_envelope = !from.is_ascii() || rcpts.iter().any(|r| !r.is_ascii());
-    if caps.has_capability(EXT_SMTP_UTF8) && utf8_envelope {
-        params.push_str(" SMTPUTF8");
-    }
-    params
 }
 
 async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(

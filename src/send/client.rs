@@ -6,14 +6,14 @@
 use std::time::Duration;
 
 use mail_send::{Credentials, SmtpClient};
-use smtp_proto::{EXT_8BIT_MIME, EXT_SIZE, EXT_SMTP_UTF8, EXT_START_TLS, EhloResponse, Response};
+use smtp_proto::{EXT_START_TLS, EhloResponse, Response};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use super::exit::Exit;
 use super::spool::Envelope;
-use crate::client_reply::{describe, format_reply};
+use crate::client_reply::{describe, format_reply, mail_params};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TlsMode {
@@ -251,21 +251,6 @@ async fn transaction_after_auth<T: AsyncRead + AsyncWrite + Unpin>(
     outcome
 }
 
-fn mail_params(caps: &EhloResponse<String>, env: &Envelope, message: &[u8]) -> String {
-    let mut params = String::new();
-    if caps.has_capability(EXT_SIZE) {
-        params.push_str(&format!(" SIZE={}", message.len()));
-    }
-    if caps.has_capability(EXT_8BIT_MIME) && !message.is_ascii() {
-        params.push_str(" BODY=8BITMIME");
-    }
-    let utf8 = !env.from.is_ascii() || env.to.iter().any(|r| !r.is_ascii());
-    if caps.has_capability(EXT_SMTP_UTF8) && utf8 {
-        params.push_str(" SMTPUTF8");
-    }
-    params
-}
-
 async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
     c: &mut SmtpClient<T>,
     caps: &EhloResponse<String>,
@@ -273,7 +258,7 @@ async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
     message: &[u8],
     timeout: Duration,
 ) -> Attempt {
-    let params = mail_params(caps, env, message);
+    let params = mail_params(caps, &env.from, &env.to, message);
     let mail = format!("MAIL FROM:<{}>", env.from);
     match c.cmd(format!("{mail}{params}\r\n")).await {
         Ok(r) if (200..300).contains(&r.code) => {}
