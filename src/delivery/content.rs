@@ -102,25 +102,6 @@ fn subset_hash(subset: &[String]) -> String {
         .collect()
 }
 
-/// SMTP DATA transparency (RFC 5321 4.5.2): a leading `.` on a line is
-/// doubled, the content ends with CRLF, then the `.` terminator.
-pub fn dot_stuffed(content: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(content.len() + content.len() / 64 + 8);
-    let mut line_start = true;
-    for &b in content {
-        if line_start && b == b'.' {
-            out.push(b'.');
-        }
-        out.push(b);
-        line_start = b == b'\n';
-    }
-    if !content.is_empty() && !content.ends_with(b"\r\n") {
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b".\r\n");
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,15 +170,5 @@ mod tests {
         let long = "k".repeat(MAX_KEY_CHARS);
         let key = hop_key("Q1", Some(&long), &v(&["a@x", "b@y"]), &v(&["a@x"]));
         assert!(key.starts_with("smtp-once-Q1/"), "{key}");
-    }
-
-    #[test]
-    fn dot_stuffing() {
-        assert_eq!(
-            dot_stuffed(b".a\r\nb\r\n..c\r\n"),
-            b"..a\r\nb\r\n...c\r\n.\r\n"
-        );
-        assert_eq!(dot_stuffed(b"a"), b"a\r\n.\r\n");
-        assert_eq!(dot_stuffed(b"a.\r\n"), b"a.\r\n.\r\n");
     }
 }

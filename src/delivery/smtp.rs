@@ -16,9 +16,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
-use super::content::dot_stuffed;
 use super::{RcptResult, Status};
-use crate::client_reply::{describe, format_reply, mail_params};
+use crate::smtp_client::{describe, format_reply, mail_params, send_content};
 
 #[derive(Clone)]
 pub struct ClientSettings {
@@ -432,28 +431,9 @@ async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
     // From here on the next hop may end up with the message: a failure is
     // recorded as deferred and never retried on another connection in
     // this attempt (only the idempotency key makes a resend harmless).
-    let data = dot_stuffed(content);
-    for block in data.chunks(64 * 1024) {
-        let written = tokio::time::timeout(timeout, async {
-            c.stream.write_all(block).await?;
-            c.stream.flush().await
-        })
-        .await;
-        match written {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                results.extend(lost(&accepted, "message transfer", &e.into()));
-                return Transaction::done(results, false);
-            }
-            Err(_) => {
-                results.extend(lost(
-                    &accepted,
-                    "message transfer",
-                    &mail_send::Error::Timeout,
-                ));
-                return Transaction::done(results, false);
-            }
-        }
+    if let Err(e) = send_content(&mut c.stream, content, timeout).await {
+        results.extend(lost(&accepted, "message transfer", &e));
+        return Transaction::done(results, false);
     }
     // RFC 5321 4.5.3.2.6: the reply to the final dot may take 10 minutes;
     // this is the moment a lost reply could duplicate a message, which the

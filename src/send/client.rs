@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use mail_send::{Credentials, SmtpClient};
 use smtp_proto::{EXT_START_TLS, EhloResponse, Response};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use super::exit::Exit;
 use super::spool::Envelope;
-use crate::client_reply::{describe, format_reply, mail_params};
+use crate::smtp_client::{describe, format_reply, mail_params, send_content};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TlsMode {
@@ -286,29 +286,12 @@ async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
         Ok(r) => return unwelcome(Stage::Data, "DATA", &r),
         Err(e) => return temporary(format!("DATA: {}", describe(&e))),
     }
-    let data = dot_stuffed(message);
-    for block in data.chunks(64 * 1024) {
-        let written = tokio::time::timeout(timeout, async {
-            c.stream.write_all(block).await?;
-            c.stream.flush().await
-        })
-        .await;
-        match written {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                // The last block carries the dot: it may have gone out.
-                return Attempt::Temporary {
-                    why: format!("sending the message: {e}"),
-                    after_dot: true,
-                };
-            }
-            Err(_) => {
-                return Attempt::Temporary {
-                    why: "sending the message: timed out".into(),
-                    after_dot: true,
-                };
-            }
-        }
+    if let Err(e) = send_content(&mut c.stream, message, timeout).await {
+        // The last block carries the dot: it may have gone out.
+        return Attempt::Temporary {
+            why: format!("sending the message: {}", describe(&e)),
+            after_dot: true,
+        };
     }
     let lost = |why: String| Attempt::Temporary {
         why: format!("reply to the final dot: {why}"),
@@ -344,22 +327,6 @@ fn accepted(r: &Response<String>) -> Attempt {
         replay,
         reply: format_reply(r),
     }
-}
-
-/// The message dot-stuffed (RFC 5321 4.5.2), with the final `.` line.
-/// `message` ends in CRLF.
-pub fn dot_stuffed(message: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(message.len() + message.len() / 64 + 5);
-    let mut line_start = true;
-    for &b in message {
-        if line_start && b == b'.' {
-            out.push(b'.');
-        }
-        out.push(b);
-        line_start = b == b'\n';
-    }
-    out.extend_from_slice(b".\r\n");
-    out
 }
 
 #[cfg(test)]
@@ -417,13 +384,5 @@ mod tests {
     fn server_text_is_escaped_for_the_terminal() {
         let r = reply(550, [5, 0, 0], "bad\u{1b}[31m");
         assert_eq!(format_reply(&r), "550 5.0.0 bad\\u{1b}[31m");
-    }
-
-    #[test]
-    fn dots_are_stuffed() {
-        assert_eq!(
-            dot_stuffed(b".a\r\nb.\r\n..\r\n"),
-            b"..a\r\nb.\r\n...\r\n.\r\n"
-        );
     }
 }
