@@ -123,31 +123,15 @@ struct Tiny {
 
 impl Tiny {
     fn start(bind: SocketAddr, rule: Rule, data_delay: Duration) -> Tiny {
-        let listener = std::net::TcpListener::bind(bind).expect("bind tiny server");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let addr = listener.local_addr().expect("addr");
         let txns = Arc::new(Mutex::new(Vec::new()));
         let data_started = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
         let (t, started) = (txns.clone(), data_started.clone());
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                let seen = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
-                loop {
-                    let Ok((stream, _)) = listener.accept().await else {
-                        return;
-                    };
-                    let (rule, seen, t, started) =
-                        (rule.clone(), seen.clone(), t.clone(), started.clone());
-                    tokio::spawn(async move {
-                        let _ = tiny_session(stream, rule, seen, t, started, data_delay).await;
-                    });
-                }
-            });
+        let addr = common::spawn_server(bind, move |stream| {
+            let (rule, seen, t, started) = (rule.clone(), seen.clone(), t.clone(), started.clone());
+            async move {
+                let _ = tiny_session(stream, rule, seen, t, started, data_delay).await;
+            }
         });
         Tiny {
             addr,

@@ -53,30 +53,18 @@ impl Sink {
     }
 
     fn start_on(bind: &str, fault: Fault) -> Sink {
-        let listener = std::net::TcpListener::bind(bind).expect("bind");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let addr = listener.local_addr().expect("addr");
         let seen = Arc::new(Mutex::new(Seen::default()));
         let shared = seen.clone();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                while let Ok((stream, _)) = listener.accept().await {
-                    let seen = shared.clone();
-                    let index = {
-                        let mut s = seen.lock().expect("lock");
-                        s.conns.push(ConnLog::default());
-                        s.conns.len() - 1
-                    };
-                    tokio::spawn(async move {
-                        let _ = serve(stream, seen, index, fault).await;
-                    });
-                }
-            });
+        let addr = common::spawn_server(bind, move |stream| {
+            let seen = shared.clone();
+            let index = {
+                let mut s = seen.lock().expect("lock");
+                s.conns.push(ConnLog::default());
+                s.conns.len() - 1
+            };
+            async move {
+                let _ = serve(stream, seen, index, fault).await;
+            }
         });
         Sink { addr, seen }
     }

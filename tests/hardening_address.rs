@@ -30,25 +30,13 @@ struct Recorder {
 
 impl Recorder {
     fn start() -> Recorder {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let addr = listener.local_addr().expect("addr");
         let seen = Arc::new(Mutex::new(Vec::new()));
         let shared = seen.clone();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                while let Ok((stream, _)) = listener.accept().await {
-                    let seen = shared.clone();
-                    tokio::spawn(async move {
-                        let _ = record(stream, seen).await;
-                    });
-                }
-            });
+        let addr = common::spawn_server("127.0.0.1:0", move |stream| {
+            let seen = shared.clone();
+            async move {
+                let _ = record(stream, seen).await;
+            }
         });
         Recorder { addr, seen }
     }

@@ -351,6 +351,34 @@ purge_interval = "{purge}"
     )
 }
 
+/// Runs one of the tests' own servers on `bind`, on a thread with its own
+/// runtime (so it outlives no test runtime and needs none): every accepted
+/// connection is handed to `on_connection`, whose future runs as a task.
+/// Returns the bound address.
+pub fn spawn_server<A, F, Fut>(bind: A, on_connection: F) -> SocketAddr
+where
+    A: std::net::ToSocketAddrs,
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = std::net::TcpListener::bind(bind).expect("bind test server");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(on_connection(stream));
+            }
+        });
+    });
+    addr
+}
+
 /// For the tests' own SMTP servers: the DATA body up to the lone dot,
 /// dot-unstuffed; `None` if the client hung up first.
 pub async fn read_data_body<R: tokio::io::AsyncBufRead + Unpin>(
