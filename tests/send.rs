@@ -99,6 +99,14 @@ async fn flush(server: SocketAddr, spool: &Path) -> Run {
     send(server, spool, &["--flush"], b"").await
 }
 
+/// A loopback address where nothing listens (the port was free a moment
+/// ago): the daemon is "down".
+fn nothing_listening() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+}
+
 /// Spool entries (and anything else) left in the folder.
 fn spooled(spool: &Path) -> Vec<PathBuf> {
     match std::fs::read_dir(spool) {
@@ -356,9 +364,7 @@ async fn kill_9_before_the_reply_then_flush_queues_exactly_one() {
 async fn daemon_down_exits_75_and_keeps_the_message_for_flush() {
     let tmp = tempfile::tempdir().expect("tmp");
     let spool = tmp.path().join("spool");
-    let down = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port");
+    let down = nothing_listening();
     let started = Instant::now();
     let r = send(
         down,
@@ -532,9 +538,7 @@ async fn implicit_tls_and_a_listener_without_starttls() {
 async fn a_flush_refused_at_auth_keeps_the_spool() {
     let tmp = tempfile::tempdir().expect("tmp");
     let spool = tmp.path().join("spool");
-    let down = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port");
+    let down = nothing_listening();
     let message = b"From: alice@example.test\nTo: dest@example.net\nSubject: s\n\nbody\n";
     let r = send(
         down,
@@ -576,9 +580,7 @@ async fn a_flush_refused_at_auth_keeps_the_spool() {
 async fn a_flush_refused_for_want_of_auth_keeps_the_spool() {
     let tmp = tempfile::tempdir().expect("tmp");
     let spool = tmp.path().join("spool");
-    let down = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port");
+    let down = nothing_listening();
     let message = b"From: app@example.test\nTo: dest@example.net\nSubject: s\n\nbody\n";
     let no_auth = command_as(
         down,
