@@ -160,7 +160,9 @@ fn serve(path: PathBuf) -> Result<(), String> {
     runtime.block_on(async {
         // The worker first: a delivery setting that cannot work (DNS, TLS
         // roots, outbox folder) stops the daemon before it accepts mail.
-        let worker = Worker::start(&config).await.map_err(|e| e.to_string())?;
+        let worker = Worker::start(&config, store.clone())
+            .await
+            .map_err(|e| e.to_string())?;
         let server = Server::start(&config, store.clone()).await?;
         for (addr, listener) in server.addrs.iter().zip(&config.listeners) {
             // A stable line on stdout that scripts and tests wait for.

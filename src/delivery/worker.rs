@@ -18,11 +18,14 @@ use tokio::task::JoinSet;
 use super::dsn::{self, Bounce};
 use super::outgoing::Outgoing;
 use super::plan::{self, Outcome, Plan, Policy};
-use super::queue::{Loaded, QueueDb};
+use super::queue::{self, Loaded};
 use super::transport::Transport;
 use super::{DeliveryError, RcptResult, Status};
 use crate::config::Config;
-use crate::store::{MessageState, NewMessage, UnixMillis, now_millis, queue_id};
+use crate::store::{
+    AttemptOutcome, DeliveryQueue, MessageState, NewMessage, StoreError, UnixMillis, now_millis,
+    queue_id,
+};
 
 /// A running worker.
 pub struct Worker {
@@ -31,7 +34,7 @@ pub struct Worker {
 }
 
 struct Ctx {
-    db: Arc<QueueDb>,
+    queue: Arc<dyn DeliveryQueue>,
     transport: Transport,
     policy: Policy,
     hostname: String,
@@ -52,31 +55,17 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Runs a queue database call on the blocking pool.
-async fn blocking<T: Send + 'static>(
-    db: &Arc<QueueDb>,
-    f: impl FnOnce(&QueueDb) -> Result<T, DeliveryError> + Send + 'static,
-) -> Result<T, DeliveryError> {
-    let db = db.clone();
-    tokio::task::spawn_blocking(move || f(&db))
-        .await
-        .map_err(|e| DeliveryError::Join(e.to_string()))?
-}
-
 impl Worker {
-    /// Opens the queue (the store must have created it), takes back leases
-    /// a previous process left, and starts delivering.
-    pub async fn start(config: &Config) -> Result<Worker, DeliveryError> {
+    /// Takes back leases a previous process left in `queue`, and starts
+    /// delivering.
+    pub async fn start(
+        config: &Config,
+        queue: Arc<dyn DeliveryQueue>,
+    ) -> Result<Worker, DeliveryError> {
         let transport = Transport::from_config(config)?;
-        let data_dir = config.data_dir.clone();
-        let db = Arc::new(
-            tokio::task::spawn_blocking(move || QueueDb::open(&data_dir))
-                .await
-                .map_err(|e| DeliveryError::Join(e.to_string()))??,
-        );
         let d = &config.delivery;
         let ctx = Arc::new(Ctx {
-            db,
+            queue,
             transport,
             policy: Policy {
                 retry_schedule: d.retry_schedule.clone(),
@@ -115,7 +104,7 @@ impl Worker {
 /// Releases every lease a previous run left; false if it could not (said
 /// once, at start; the loop's retries are quiet).
 async fn take_back_leases(ctx: &Arc<Ctx>, first: bool) -> bool {
-    match blocking(&ctx.db, |db| db.release_all(now_millis())).await {
+    match ctx.queue.release_all(now_millis()).await {
         Ok(0) => true,
         Ok(released) => {
             tracing::info!(released, "took back messages a previous run was delivering");
@@ -137,6 +126,9 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mu
     let mut tasks = JoinSet::new();
     let mut next_purge = tokio::time::Instant::now();
     let mut paused = false;
+    // While deliveries run, claim once this many workers are free rather
+    // than once per finished delivery: claims go in batches.
+    let batch_at = (ctx.workers / 4).max(1);
     while !*stop.borrow() {
         while tasks.try_join_next().is_some() {}
         if tokio::time::Instant::now() >= next_purge {
@@ -144,6 +136,7 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mu
             purge_finished(&ctx).await;
         }
         let free = permits.available_permits();
+        let busy = free < batch_at && !tasks.is_empty();
         let (mut claimed, mut failed) = (0, false);
         // Claims skip leased messages, so the previous run's leases go
         // first or those messages would wait for them to expire.
@@ -151,30 +144,29 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mu
             released = take_back_leases(&ctx, false).await;
             failed = !released;
         }
-        if free > 0 && released {
+        if free > 0 && !busy && released {
             let now = now_millis();
             let lease_until = now.saturating_add(millis(ctx.lease));
-            let in_flight = ctx.in_flight_ids();
-            match blocking(&ctx.db, move |db| {
-                db.claim(now, lease_until, free, &in_flight)
-            })
-            .await
+            match ctx
+                .queue
+                .claim(now, lease_until, free, ctx.in_flight_ids())
+                .await
             {
-                Ok(ids) => {
+                Ok(messages) => {
                     if paused {
                         tracing::warn!("the queue database is back; delivery resumed");
                         paused = false;
                     }
-                    claimed = ids.len();
-                    for id in ids {
+                    claimed = messages.len();
+                    for msg in messages {
                         let Ok(permit) = permits.clone().try_acquire_owned() else {
                             break;
                         };
-                        let guard = InFlight::new(&ctx, &id);
-                        tasks.spawn(deliver_one(ctx.clone(), id, permit, guard));
+                        let guard = InFlight::new(&ctx, &msg.id);
+                        tasks.spawn(deliver_one(ctx.clone(), Loaded::from(msg), permit, guard));
                     }
                 }
-                Err(DeliveryError::Unavailable(why)) => {
+                Err(StoreError::Unavailable(why)) => {
                     if !paused {
                         tracing::error!("delivery paused, nothing is claimed: {why}");
                         paused = true;
@@ -190,12 +182,12 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mu
         if claimed > 0 && claimed == free {
             continue; // maybe more are due
         }
-        // All workers busy: a finished delivery wakes the loop, not a timer.
-        let wait = if free == 0 || failed {
+        // Busy: a finished delivery wakes the loop. Idle: newly queued mail
+        // does, or the next due time (a retry, an expired lease).
+        let wait = if busy || free == 0 || failed {
             ctx.poll_interval
         } else {
-            let in_flight = ctx.in_flight_ids();
-            match blocking(&ctx.db, move |db| db.next_due(&in_flight)).await {
+            match ctx.queue.next_due(ctx.in_flight_ids()).await {
                 Ok(Some(due)) => {
                     Duration::from_millis(u64::try_from(due - now_millis()).unwrap_or(0))
                         .min(ctx.poll_interval)
@@ -206,8 +198,8 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mu
         tokio::select! {
             _ = tokio::time::sleep(wait.max(Duration::from_millis(10))) => {}
             _ = stop.wait_for(|s| *s) => break,
-            // A finished delivery frees a worker.
-            Some(_) = tasks.join_next(), if !tasks.is_empty() && free == 0 => {}
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            _ = ctx.queue.queued(), if !failed => {}
         }
     }
     let in_flight = tasks.len();
@@ -222,7 +214,7 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mu
         );
         tasks.shutdown().await;
     }
-    match blocking(&ctx.db, |db| db.release_all(now_millis())).await {
+    match ctx.queue.release_all(now_millis()).await {
         Ok(0) => {}
         Ok(n) => tracing::info!(
             released = n,
@@ -280,7 +272,7 @@ async fn purge_finished(ctx: &Arc<Ctx>) {
     const BATCH: usize = 500;
     let before = now_millis().saturating_sub(millis(ctx.keep_finished));
     loop {
-        match blocking(&ctx.db, move |db| db.purge_finished(before, BATCH)).await {
+        match ctx.queue.purge_finished(before, BATCH).await {
             Ok(n) if n > 0 => {
                 tracing::info!(removed = n, "finished messages removed from the queue")
             }
@@ -327,19 +319,11 @@ impl Drop for InFlight {
 
 async fn deliver_one(
     ctx: Arc<Ctx>,
-    id: String,
+    loaded: Loaded,
     _permit: OwnedSemaphorePermit,
     _in_flight: InFlight,
 ) {
-    let load_id = id.clone();
-    let loaded = match blocking(&ctx.db, move |db| db.load(&load_id)).await {
-        Ok(Some(loaded)) => loaded,
-        Ok(None) => return, // deleted meanwhile
-        Err(e) => {
-            tracing::warn!(queue_id = %id, error = %e, "cannot load message; retried when its lease expires");
-            return;
-        }
-    };
+    let id = loaded.msg.id.clone();
     let pending = loaded.pending();
     let msg = Arc::new(loaded.msg.clone());
     let results = deliver_to_destinations(&ctx, &msg, &pending).await;
@@ -366,7 +350,7 @@ async fn deliver_one(
         );
     }
     let bounce = bounce_for(&ctx, &loaded, &plan, now);
-    record(&ctx, &id, plan, now, bounce).await;
+    record(&ctx, queue::outcome(&id, &plan, now, bounce)).await;
 }
 
 /// One transaction per destination, concurrently, each within the
@@ -493,23 +477,21 @@ const RECORD_LOG_EVERY: Duration = Duration::from_secs(60);
 /// claimed again, so it is never sent twice because a record failed, and
 /// its lease is released as soon as the disk allows. Only shutdown stops
 /// the retries; the next start then repeats the attempt (the crash window).
-async fn record(ctx: &Arc<Ctx>, id: &str, plan: Plan, now: UnixMillis, bounce: Option<NewMessage>) {
-    let plan = Arc::new(plan);
-    let bounce = Arc::new(bounce);
+async fn record(ctx: &Arc<Ctx>, outcome: AttemptOutcome) {
+    let id = outcome.id.clone();
     let mut delay = Duration::from_millis(50);
     let mut failures = 0u32;
     let mut logged: Option<tokio::time::Instant> = None;
     loop {
-        let (p, b, qid) = (plan.clone(), bounce.clone(), id.to_owned());
-        match blocking(&ctx.db, move |db| db.record(&qid, &p, now, (*b).as_ref())).await {
+        match ctx.queue.record(outcome.clone()).await {
             Ok(Some(state)) => {
                 if failures > 0 {
                     tracing::warn!(queue_id = %id, failures, "delivery recorded after failed tries");
                 }
-                if let Some(dsn) = bounce.as_ref() {
+                if let Some(dsn) = &outcome.bounce {
                     tracing::info!(queue_id = %id, dsn = %dsn.id, to = ?dsn.recipients, "delivery status notification queued");
                 }
-                log_state(id, state, plan.next_attempt_at);
+                log_state(&id, state, outcome.next_attempt_at);
                 return;
             }
             Ok(None) => {

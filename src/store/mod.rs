@@ -2,8 +2,11 @@
 //! beside SQLite: the idempotency ledger and the outbound queue, always
 //! written together.
 
+pub mod queue;
 pub mod queue_id;
 pub mod sqlite;
+
+pub use queue::{AttemptOutcome, AttemptRow, ClaimedMessage, DeliveryQueue};
 
 use std::future::Future;
 use std::pin::Pin;

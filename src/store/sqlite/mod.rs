@@ -5,6 +5,7 @@
 mod checkpoint;
 mod identity;
 mod inspect;
+mod queue;
 mod schema;
 #[cfg(test)]
 mod tests;
@@ -16,11 +17,11 @@ pub(crate) use writer::insert_message;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::private_fs;
 use identity::DataDirIdentity;
@@ -41,7 +42,9 @@ pub struct SqliteStore {
     jobs: Mutex<Option<mpsc::UnboundedSender<writer::Job>>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     checkpointer: Mutex<Option<checkpoint::Checkpointer>>,
-    readers: Mutex<Vec<Connection>>,
+    readers: Arc<Readers>,
+    /// Signalled after a commit that queued mail (see `DeliveryQueue::queued`).
+    queued: Arc<Notify>,
     /// The database and lock files this store has open.
     identity: DataDirIdentity,
     /// Held for the life of the store: one process per data directory.
@@ -89,19 +92,25 @@ impl SqliteStore {
         let checkpointer = checkpoint::Checkpointer::spawn(db_path.clone())
             .map_err(|e| StoreError::Unavailable(format!("cannot start checkpoint thread: {e}")))?;
         let (jobs, rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(Notify::new());
         let handle = std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn({
                 let identity = identity.clone();
-                move || writer::run(conn, rx, identity)
+                let queued = queued.clone();
+                move || writer::run(conn, rx, identity, queued)
             })
             .map_err(|e| StoreError::Unavailable(format!("cannot start writer thread: {e}")))?;
         Ok(Self {
-            db_path,
+            db_path: db_path.clone(),
             jobs: Mutex::new(Some(jobs)),
             writer: Mutex::new(Some(handle)),
             checkpointer: Mutex::new(Some(checkpointer)),
-            readers: Mutex::new(Vec::new()),
+            readers: Arc::new(Readers {
+                db_path,
+                idle: Mutex::new(Vec::new()),
+            }),
+            queued,
             identity,
             _lock: lock,
         })
@@ -111,29 +120,26 @@ impl SqliteStore {
         &self.db_path
     }
 
-    fn reader(&self) -> Result<Connection, StoreError> {
-        let pooled = self.readers.lock().ok().and_then(|mut pool| pool.pop());
-        match pooled {
-            Some(conn) => Ok(conn),
-            None => open_connection(&self.db_path, true).map_err(classify),
-        }
-    }
-
-    fn return_reader(&self, conn: Connection) {
-        if let Ok(mut pool) = self.readers.lock()
-            && pool.len() < MAX_IDLE_READERS
-        {
-            pool.push(conn);
-        }
-    }
-
     fn send(&self, job: writer::Job) -> Result<(), StoreError> {
-        let stopped = || StoreError::Unavailable("ledger writer has stopped".into());
-        let jobs = self.jobs.lock().map_err(|_| stopped())?;
+        let jobs = self.jobs.lock().map_err(|_| writer_stopped())?;
         jobs.as_ref()
-            .ok_or_else(stopped)?
+            .ok_or_else(writer_stopped)?
             .send(job)
-            .map_err(|_| stopped())
+            .map_err(|_| writer_stopped())
+    }
+
+    /// Hands a job to the writer now and returns its answer, which comes
+    /// after COMMIT. Sent before the future is polled, so the future does
+    /// not borrow the store.
+    fn submit<T: Send + 'static>(
+        &self,
+        (job, answer): (writer::Job, oneshot::Receiver<Result<T, StoreError>>),
+    ) -> BoxFuture<'static, Result<T, StoreError>> {
+        let sent = self.send(job);
+        Box::pin(async move {
+            sent?;
+            answer.await.map_err(|_| writer_stopped())?
+        })
     }
 
     /// Stops the writer after the jobs already sent, and waits for it.
@@ -158,6 +164,36 @@ impl SqliteStore {
     #[cfg(test)]
     pub(crate) fn stop_writer_for_test(&self) {
         self.stop_writer();
+    }
+}
+
+fn writer_stopped() -> StoreError {
+    StoreError::Unavailable("ledger writer has stopped".into())
+}
+
+/// Read-only WAL connections, kept open between reads. A reader never
+/// waits for the writer.
+struct Readers {
+    db_path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl Readers {
+    fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
+        let pooled = self.idle.lock().ok().and_then(|mut pool| pool.pop());
+        let conn = match pooled {
+            Some(conn) => conn,
+            None => open_connection(&self.db_path, true).map_err(classify)?,
+        };
+        let result = f(&conn).map_err(classify);
+        // A connection that failed may be broken: only a good one goes back.
+        if result.is_ok()
+            && let Ok(mut pool) = self.idle.lock()
+            && pool.len() < MAX_IDLE_READERS
+        {
+            pool.push(conn);
+        }
+        result
     }
 }
 
@@ -264,12 +300,8 @@ impl Store for SqliteStore {
                 .map_err(|why| StoreError::Unavailable(format!("data directory gone: {why}")))?;
             // A point read by primary key on a WAL reader never waits for
             // the writer, so it runs inline rather than on the blocking pool.
-            let conn = self.reader()?;
-            let result = lookup_on(&conn, workspace, key, now).map_err(classify);
-            if result.is_ok() {
-                self.return_reader(conn);
-            }
-            result
+            self.readers
+                .read(|conn| lookup_on(conn, workspace, key, now))
         })
     }
 
@@ -277,13 +309,7 @@ impl Store for SqliteStore {
         &self,
         acceptance: Acceptance,
     ) -> BoxFuture<'static, Result<CommitOutcome, StoreError>> {
-        let (tx, rx) = oneshot::channel();
-        let sent = self.send(writer::Job::commit(acceptance, tx));
-        Box::pin(async move {
-            sent?;
-            rx.await
-                .map_err(|_| StoreError::Unavailable("ledger writer has stopped".into()))?
-        })
+        self.submit(writer::Job::commit(acceptance))
     }
 
     fn purge_expired(
@@ -291,12 +317,6 @@ impl Store for SqliteStore {
         now: UnixMillis,
         limit: usize,
     ) -> BoxFuture<'static, Result<usize, StoreError>> {
-        let (tx, rx) = oneshot::channel();
-        let sent = self.send(writer::Job::purge(now, limit, tx));
-        Box::pin(async move {
-            sent?;
-            rx.await
-                .map_err(|_| StoreError::Unavailable("ledger writer has stopped".into()))?
-        })
+        self.submit(writer::Job::purge(now, limit))
     }
 }

@@ -4,8 +4,10 @@
 //! batch, then each waiting session gets its answer. Nothing sleeps to
 //! collect a batch, so a lone job commits at once.
 
+use std::sync::Arc;
+
 use rusqlite::{Connection, Transaction, params};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::classify;
 use super::identity::DataDirIdentity;
@@ -14,78 +16,85 @@ use crate::store::{Acceptance, CommitOutcome, NewMessage, StoreError, UnixMillis
 /// Upper bound on jobs per transaction, to bound latency and memory.
 pub const MAX_BATCH: usize = 256;
 
-pub enum Job {
-    Commit {
-        acceptance: Box<Acceptance>,
-        reply: oneshot::Sender<Result<CommitOutcome, StoreError>>,
-        /// Set inside the transaction, sent only after COMMIT.
-        outcome: Option<CommitOutcome>,
-    },
-    Purge {
-        now: UnixMillis,
-        limit: usize,
-        reply: oneshot::Sender<Result<usize, StoreError>>,
-        purged: Option<usize>,
-    },
+/// One write: acceptances, delivery claims and outcomes, purges alike, so
+/// the two paths share one lock holder and one fsync per batch.
+pub struct Job {
+    work: Box<dyn Work>,
+    /// The job may put a message in the queue: the delivery worker is woken
+    /// after the commit.
+    queues_mail: bool,
+}
+
+trait Work: Send {
+    /// Runs inside the batch's transaction. May run twice: a batch that
+    /// fails is rolled back and each job retried alone.
+    fn apply(&mut self, tx: &Transaction<'_>) -> rusqlite::Result<()>;
+    /// Answers the waiting caller, only after COMMIT. A caller that went
+    /// away no longer needs the answer; the commit stands either way.
+    fn finish(self: Box<Self>, error: Option<StoreError>);
+}
+
+struct Pending<T, F> {
+    write: F,
+    value: Option<T>,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<T, F> Work for Pending<T, F>
+where
+    T: Send,
+    F: FnMut(&Transaction<'_>) -> rusqlite::Result<T> + Send,
+{
+    fn apply(&mut self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
+        self.value = Some((self.write)(tx)?);
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>, error: Option<StoreError>) {
+        let result = match (error, self.value) {
+            (Some(e), _) => Err(e),
+            (None, Some(v)) => Ok(v),
+            (None, None) => Err(StoreError::Transient("job was not applied".into())),
+        };
+        let _ = self.reply.send(result);
+    }
 }
 
 impl Job {
+    /// A write and the receiver of its result.
+    pub fn new<T, F>(
+        queues_mail: bool,
+        write: F,
+    ) -> (Self, oneshot::Receiver<Result<T, StoreError>>)
+    where
+        T: Send + 'static,
+        F: FnMut(&Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
+    {
+        let (reply, rx) = oneshot::channel();
+        let work = Box::new(Pending {
+            write,
+            value: None,
+            reply,
+        });
+        (Job { work, queues_mail }, rx)
+    }
+
     pub fn commit(
         acceptance: Acceptance,
-        reply: oneshot::Sender<Result<CommitOutcome, StoreError>>,
-    ) -> Self {
-        Job::Commit {
-            acceptance: Box::new(acceptance),
-            reply,
-            outcome: None,
-        }
+    ) -> (Self, oneshot::Receiver<Result<CommitOutcome, StoreError>>) {
+        let queues_mail = acceptance.message.is_some();
+        Job::new(queues_mail, move |tx| apply_acceptance(tx, &acceptance))
     }
 
     pub fn purge(
         now: UnixMillis,
         limit: usize,
-        reply: oneshot::Sender<Result<usize, StoreError>>,
-    ) -> Self {
-        Job::Purge {
-            now,
-            limit,
-            reply,
-            purged: None,
-        }
+    ) -> (Self, oneshot::Receiver<Result<usize, StoreError>>) {
+        Job::new(false, move |tx| purge_expired(tx, now, limit))
     }
 
-    fn apply(&mut self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
-        match self {
-            Job::Commit {
-                acceptance,
-                outcome,
-                ..
-            } => *outcome = Some(apply_acceptance(tx, acceptance)?),
-            Job::Purge {
-                now, limit, purged, ..
-            } => *purged = Some(purge_expired(tx, *now, *limit)?),
-        }
-        Ok(())
-    }
-
-    /// Answers the waiting caller. A caller that went away no longer needs
-    /// the answer; the commit stands either way.
     fn finish(self, error: Option<StoreError>) {
-        fn result<T>(error: Option<StoreError>, value: Option<T>) -> Result<T, StoreError> {
-            match (error, value) {
-                (Some(e), _) => Err(e),
-                (None, Some(v)) => Ok(v),
-                (None, None) => Err(StoreError::Transient("job was not applied".into())),
-            }
-        }
-        match self {
-            Job::Commit { reply, outcome, .. } => {
-                let _ = reply.send(result(error, outcome));
-            }
-            Job::Purge { reply, purged, .. } => {
-                let _ = reply.send(result(error, purged));
-            }
-        }
+        self.work.finish(error);
     }
 }
 
@@ -93,6 +102,7 @@ pub fn run(
     mut conn: Connection,
     mut jobs: mpsc::UnboundedReceiver<Job>,
     identity: DataDirIdentity,
+    queued: Arc<Notify>,
 ) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     let mut gone = false;
@@ -121,7 +131,13 @@ pub fn run(
                     tracing::warn!("the database is back at its path; accepting mail again");
                     gone = false;
                 }
+                let mut woke = false;
                 for (job, error) in answers {
+                    if job.queues_mail && error.is_none() && !woke {
+                        // A stored permit if the worker is busy: never lost.
+                        queued.notify_one();
+                        woke = true;
+                    }
                     job.finish(error);
                 }
             }
@@ -168,7 +184,7 @@ fn execute_batch(conn: &mut Connection, batch: &mut Vec<Job>) -> Vec<(Job, Optio
 fn apply_all(conn: &mut Connection, jobs: &mut [Job]) -> rusqlite::Result<()> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     for job in jobs.iter_mut() {
-        job.apply(&tx)?;
+        job.work.apply(&tx)?;
     }
     tx.commit()
 }

@@ -1,0 +1,278 @@
+//! The delivery queue on SQLite: claims, records, releases and purges run
+//! as jobs of the one writer thread (group-committed with acceptances);
+//! loading claimed messages and finding the next due time use readers.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
+
+use super::{Readers, SqliteStore, insert_message, writer};
+use crate::store::{
+    AttemptOutcome, BoxFuture, ClaimedMessage, DeliveryQueue, MessageState, StoreError, UnixMillis,
+};
+
+/// `'delivering'` rows go back to the state they were claimed from.
+const UNCLAIMED_STATE: &str = "CASE WHEN attempts > 0 THEN 'deferred' ELSE 'queued' END";
+
+/// Ids are base32, so a newline-delimited list is matched exactly by
+/// `instr`; the list is as long as the worker's concurrency.
+fn id_list(ids: &[String]) -> String {
+    ids.join("\n")
+}
+
+fn limit_param(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+fn claim_on(
+    tx: &Transaction<'_>,
+    now: UnixMillis,
+    lease_until: UnixMillis,
+    limit: usize,
+    skip: &str,
+) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = tx.prepare_cached(
+        "UPDATE queue SET state = 'delivering', lease_until = ?2, updated_at = ?1
+         WHERE id IN (SELECT id FROM queue
+           WHERE ((state IN ('queued', 'deferred') AND next_attempt_at <= ?1)
+               OR (state = 'delivering' AND lease_until <= ?1))
+             AND instr(char(10) || ?4 || char(10), char(10) || id || char(10)) = 0
+           ORDER BY next_attempt_at LIMIT ?3)
+         RETURNING id, next_attempt_at",
+    )?;
+    let mut claimed = stmt
+        .query_map(params![now, lease_until, limit_param(limit), skip], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    claimed.sort_by_key(|(_, due)| *due);
+    Ok(claimed.into_iter().map(|(id, _)| id).collect())
+}
+
+fn load_on(conn: &Connection, id: &str) -> rusqlite::Result<Option<ClaimedMessage>> {
+    let row = conn
+        .prepare_cached(
+            "SELECT q.reverse_path, q.recipients, q.idempotency_key, q.workspace, q.created_at,
+                    q.attempts, b.trace, b.body
+             FROM queue q JOIN message_body b ON b.queue_id = q.id WHERE q.id = ?1",
+        )?
+        .query_row([id], |r| {
+            let recipients: String = r.get(1)?;
+            Ok(ClaimedMessage {
+                id: id.to_owned(),
+                reverse_path: r.get(0)?,
+                recipients: recipients.lines().map(str::to_owned).collect(),
+                idempotency_key: r.get(2)?,
+                workspace: r.get(3)?,
+                created_at: r.get(4)?,
+                attempts: r.get(5)?,
+                trace: r.get(6)?,
+                body: r.get(7)?,
+                latest_outcomes: Vec::new(),
+            })
+        })
+        .optional()?;
+    let Some(mut msg) = row else {
+        return Ok(None);
+    };
+    if msg.attempts > 0 {
+        msg.latest_outcomes = latest_outcomes(conn, id)?;
+    }
+    Ok(Some(msg))
+}
+
+fn latest_outcomes(conn: &Connection, id: &str) -> rusqlite::Result<Vec<(String, String)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT recipient, outcome FROM delivery_attempt WHERE queue_id = ?1 ORDER BY id",
+    )?;
+    let mut latest = HashMap::new();
+    for row in stmt.query_map([id], |r| Ok((r.get::<_, String>(0)?, r.get(1)?)))? {
+        let (recipient, outcome): (String, String) = row?;
+        latest.insert(recipient, outcome);
+    }
+    Ok(latest.into_iter().collect())
+}
+
+fn record_on(tx: &Transaction<'_>, o: &AttemptOutcome) -> rusqlite::Result<Option<MessageState>> {
+    let current: Option<String> = tx
+        .prepare_cached("SELECT state FROM queue WHERE id = ?1")?
+        .query_row([&o.id], |r| r.get(0))
+        .optional()?;
+    let Some(current) = current else {
+        return Ok(None);
+    };
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO delivery_attempt (queue_id, recipient, at, outcome, reply, next_hop)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
+    for row in &o.rows {
+        insert.execute(params![
+            o.id,
+            row.recipient,
+            o.at,
+            row.outcome,
+            row.reply,
+            row.next_hop
+        ])?;
+    }
+    // An operator's hold during the attempt sticks unless it finished the
+    // message.
+    let state = if o.state == MessageState::Deferred && current == MessageState::Held.as_str() {
+        MessageState::Held
+    } else {
+        o.state
+    };
+    // An attempt that only delivered keeps an earlier failure visible,
+    // unless the whole message is now delivered.
+    tx.prepare_cached(
+        "UPDATE queue SET state = ?2, attempts = attempts + 1, next_attempt_at = ?3,
+            last_error = CASE WHEN ?4 IS NOT NULL THEN ?4
+                              WHEN ?2 = 'delivered' THEN NULL ELSE last_error END,
+            lease_until = NULL, updated_at = ?5
+         WHERE id = ?1",
+    )?
+    .execute(params![
+        o.id,
+        state.as_str(),
+        o.next_attempt_at,
+        o.last_error,
+        o.at
+    ])?;
+    if let Some(bounce) = &o.bounce {
+        insert_message(tx, bounce)?;
+    }
+    Ok(Some(state))
+}
+
+fn release_all_on(tx: &Transaction<'_>, now: UnixMillis) -> rusqlite::Result<usize> {
+    // Held during an attempt that will never record: nothing waits for
+    // that lease.
+    tx.execute(
+        "UPDATE queue SET lease_until = NULL WHERE state = 'held' AND lease_until IS NOT NULL",
+        [],
+    )?;
+    tx.execute(
+        &format!(
+            "UPDATE queue SET state = {UNCLAIMED_STATE}, lease_until = NULL,
+                next_attempt_at = ?1, updated_at = ?1
+             WHERE state = 'delivering'"
+        ),
+        [now],
+    )
+}
+
+fn purge_finished_on(
+    tx: &Transaction<'_>,
+    before: UnixMillis,
+    limit: usize,
+) -> rusqlite::Result<usize> {
+    let ids: Vec<String> = tx
+        .prepare_cached(
+            "SELECT id FROM queue WHERE state IN ('delivered', 'failed', 'expired')
+               AND updated_at <= ?1 LIMIT ?2",
+        )?
+        .query_map(params![before, limit_param(limit)], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    for id in &ids {
+        tx.execute("DELETE FROM delivery_attempt WHERE queue_id = ?1", [id])?;
+        tx.execute("DELETE FROM message_body WHERE queue_id = ?1", [id])?;
+        tx.execute("DELETE FROM queue WHERE id = ?1", [id])?;
+    }
+    Ok(ids.len())
+}
+
+fn next_due_on(conn: &Connection, skip: &str) -> rusqlite::Result<Option<UnixMillis>> {
+    conn.prepare_cached(
+        "SELECT MIN(t) FROM (
+           SELECT MIN(next_attempt_at) AS t FROM queue WHERE state IN ('queued', 'deferred')
+           UNION ALL
+           SELECT MIN(lease_until) FROM queue WHERE state = 'delivering'
+             AND instr(char(10) || ?1 || char(10), char(10) || id || char(10)) = 0)",
+    )?
+    .query_row([skip], |r| r.get(0))
+}
+
+/// Runs a read on the blocking pool: a batch of claimed bodies can be large.
+async fn read_blocking<T: Send + 'static>(
+    readers: Arc<Readers>,
+    f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(move || readers.read(f))
+        .await
+        .map_err(|e| StoreError::Transient(format!("reader task failed: {e}")))?
+}
+
+impl DeliveryQueue for SqliteStore {
+    fn claim(
+        &self,
+        now: UnixMillis,
+        lease_until: UnixMillis,
+        limit: usize,
+        skip: Vec<String>,
+    ) -> BoxFuture<'static, Result<Vec<ClaimedMessage>, StoreError>> {
+        let skip = id_list(&skip);
+        let claimed = self.submit(writer::Job::new(false, move |tx| {
+            claim_on(tx, now, lease_until, limit, &skip)
+        }));
+        let readers = self.readers.clone();
+        Box::pin(async move {
+            let ids = claimed.await?;
+            if ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            // Loaded after COMMIT: a reader sees the claim. A message that
+            // fails to load keeps its lease and is tried when it expires.
+            read_blocking(readers, move |conn| {
+                let mut out = Vec::with_capacity(ids.len());
+                for id in &ids {
+                    out.extend(load_on(conn, id)?);
+                }
+                Ok(out)
+            })
+            .await
+        })
+    }
+
+    fn record(
+        &self,
+        outcome: AttemptOutcome,
+    ) -> BoxFuture<'static, Result<Option<MessageState>, StoreError>> {
+        let queues_mail = outcome.bounce.is_some();
+        self.submit(writer::Job::new(queues_mail, move |tx| {
+            record_on(tx, &outcome)
+        }))
+    }
+
+    fn next_due(
+        &self,
+        skip: Vec<String>,
+    ) -> BoxFuture<'static, Result<Option<UnixMillis>, StoreError>> {
+        let readers = self.readers.clone();
+        let skip = id_list(&skip);
+        Box::pin(read_blocking(readers, move |conn| next_due_on(conn, &skip)))
+    }
+
+    fn release_all(&self, now: UnixMillis) -> BoxFuture<'static, Result<usize, StoreError>> {
+        self.submit(writer::Job::new(false, move |tx| release_all_on(tx, now)))
+    }
+
+    fn purge_finished(
+        &self,
+        before: UnixMillis,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<usize, StoreError>> {
+        self.submit(writer::Job::new(false, move |tx| {
+            purge_finished_on(tx, before, limit)
+        }))
+    }
+
+    fn queued(&self) -> BoxFuture<'static, ()> {
+        let queued = self.queued.clone();
+        Box::pin(async move { queued.notified().await })
+    }
+}
+
+#[cfg(test)]
+#[path = "queue_tests.rs"]
+mod tests;
