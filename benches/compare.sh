@@ -49,7 +49,7 @@
 #                         copying every accepted message to its file outbox (work
 #                         the peers, which only queue, do not do; its backlog also
 #                         keeps the CPU busy during the next peers' runs). 0: the
-#                         worker's poll_interval is 1h, so accepted mail only queues.
+#                         relay is paused ([relay] paused = true), so accepted mail only queues.
 #   HARAKA_NODES=1        Haraka smtp.ini nodes (0: no cluster, cpus: one per CPU)
 #   HARAKA_NODELAY=1      load benches/haraka/plugins/tcp_nodelay.js (see there)
 #   HARAKA_DIR=/tmp/smtp-once-compare-haraka   npm install of Haraka (kept, reused)
@@ -371,9 +371,8 @@ start_smtp_once() {
   mkdir -p "$d/data" "$d/outbox"
   local relay_extra=""
   if [ "$SMTP_ONCE_DELIVER" != 1 ]; then
-    # Queue only, like the peers: the worker finds the queue empty at start
-    # and sleeps poll_interval before it looks again.
-    relay_extra='poll_interval = "1h"'
+    # Queue only, like the peers: the worker claims nothing.
+    relay_extra='paused = true'
   fi
   cat > "$d/smtp-once.toml" <<EOF
 # Written by benches/compare.sh

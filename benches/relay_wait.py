@@ -35,9 +35,12 @@ import sqlite3
 import sys
 import time
 
-KEY_RE = re.compile(rb"^X-Bird-Idempotency-Key:[ \t]*(\S+)[ \t]*\r?$", re.M)
+# Both start with a literal newline rather than `^` under re.M, so the regex
+# engine scans for the literal prefix: several times faster, which matters
+# because this runs on the same 2 cores as the relay it measures.
+KEY_RE = re.compile(rb"\nX-Bird-Idempotency-Key:[ \t]*(\S+)[ \t]*\r?\n")
 # smtp-sink starts every dumped transaction with this header.
-TXN_RE = re.compile(rb"^X-Client-Addr: ", re.M)
+TXN_MARK = b"\nX-Client-Addr: "
 SENT_RE = re.compile(rb" status=sent ")
 POLL = 0.02
 CHUNK = 8 << 20
@@ -79,8 +82,9 @@ class Dump:
             end = data.rfind(b"\n") + 1
             if end == 0:
                 break  # a partial line: the rest comes later
-            data = data[:end]
-            self.txns += len(TXN_RE.findall(data))
+            # The line before (or the file's start) ends in a newline.
+            data = b"\n" + data[:end]
+            self.txns += data.count(TXN_MARK)
             keys = KEY_RE.findall(data)
             self.nkeys += len(keys)
             if keys:

@@ -316,6 +316,14 @@ pub struct RawRelay {
     /// Concurrent transactions to one destination (smarthost or MX domain).
     #[serde(default = "default_max_per_destination")]
     pub max_per_destination: usize,
+    /// Open connections kept per destination between transactions
+    /// (default: max_per_destination).
+    #[serde(default)]
+    pub pool_size: Option<usize>,
+    /// Accept and queue, deliver nothing (maintenance, or measuring
+    /// acceptance alone); the queue is delivered once unset and restarted.
+    #[serde(default)]
+    pub paused: bool,
     /// Messages sent over one outbound connection before it is closed
     /// (1: a new connection for every message).
     #[serde(default = "default_max_messages_per_connection")]
@@ -357,6 +365,8 @@ impl Default for RawRelay {
             keep_finished: default_keep_finished(),
             workers: default_workers(),
             max_per_destination: default_max_per_destination(),
+            pool_size: None,
+            paused: false,
             max_messages_per_connection: default_max_messages_per_connection(),
             connection_idle_timeout: default_connection_idle_timeout(),
             lease: default_lease(),
@@ -417,11 +427,14 @@ fn default_max_age() -> String {
 fn default_keep_finished() -> String {
     "7d".into()
 }
+/// Postfix's own defaults (default_process_limit, and
+/// default_destination_concurrency_limit): enough to keep a local
+/// smarthost busy on 2 cores, still polite to a remote MX.
 fn default_workers() -> usize {
-    16
+    100
 }
 fn default_max_per_destination() -> usize {
-    4
+    20
 }
 fn default_max_messages_per_connection() -> usize {
     100
@@ -497,6 +510,8 @@ pub struct Delivery {
     pub keep_finished: Duration,
     pub workers: usize,
     pub max_per_destination: usize,
+    pub pool_size: usize,
+    pub paused: bool,
     pub max_messages_per_connection: usize,
     pub connection_idle_timeout: Duration,
     pub lease: Duration,
@@ -1020,6 +1035,9 @@ fn validate_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Delivery {
     }
     p.at_most_permits("relay.workers", r.workers);
     p.at_most_permits("relay.max_per_destination", r.max_per_destination);
+    if let Some(size) = r.pool_size {
+        p.at_most_permits("relay.pool_size", size);
+    }
     if r.max_messages_per_connection == 0 {
         p.add(
             "relay.max_messages_per_connection",
@@ -1070,6 +1088,8 @@ fn validate_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Delivery {
         keep_finished,
         workers: r.workers,
         max_per_destination: r.max_per_destination,
+        pool_size: r.pool_size.unwrap_or(r.max_per_destination),
+        paused: r.paused,
         max_messages_per_connection: r.max_messages_per_connection,
         connection_idle_timeout,
         lease,

@@ -123,7 +123,8 @@ mod tests {
             d.retry_schedule.last(),
             Some(&Duration::from_secs(4 * 3600))
         );
-        assert_eq!((d.workers, d.max_per_destination, d.mx_port), (16, 4, 25));
+        assert_eq!((d.workers, d.max_per_destination, d.mx_port), (100, 20, 25));
+        assert_eq!((d.pool_size, d.paused), (20, false));
         assert_eq!(
             (d.max_messages_per_connection, d.connection_idle_timeout),
             (100, Duration::from_secs(30))

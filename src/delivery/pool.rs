@@ -26,7 +26,7 @@ use super::smtp::{Session, Transaction};
 
 #[derive(Debug, Clone)]
 pub struct PoolSettings {
-    /// Open sessions kept per destination (`relay.max_per_destination`).
+    /// Open sessions kept per destination (`relay.pool_size`).
     pub max_idle: usize,
     /// Transactions on one session before it is closed
     /// (`relay.max_messages_per_connection`; 1 turns reuse off).
@@ -282,6 +282,10 @@ mod tests {
         Accept,
         Refuse421AtMail,
         VanishAfterDot,
+        /// 550 to every RCPT; the pipelined DATA gets 554.
+        RefuseRecipients,
+        /// 550 to every RCPT, yet 354 to DATA (a broken next hop).
+        RefuseRecipientsTakeData,
     }
 
     /// What the server does with transaction `txn` (from 1) on connection
@@ -292,6 +296,8 @@ mod tests {
         addr: SocketAddr,
         conns: Arc<AtomicUsize>,
         dots: Arc<AtomicUsize>,
+        /// Lines of message content received, over all transactions.
+        content_lines: Arc<AtomicUsize>,
     }
 
     async fn server(script: Script) -> Server {
@@ -299,18 +305,25 @@ mod tests {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let (conns, dots) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (c, d) = (conns.clone(), dots.clone());
+        let conns = Arc::new(AtomicUsize::new(0));
+        let dots = Arc::new(AtomicUsize::new(0));
+        let content_lines = Arc::new(AtomicUsize::new(0));
+        let (c, d, l) = (conns.clone(), dots.clone(), content_lines.clone());
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let conn = c.fetch_add(1, Ordering::SeqCst) + 1;
-                let dots = d.clone();
+                let (dots, lines) = (d.clone(), l.clone());
                 tokio::spawn(async move {
-                    let _ = serve(stream, conn, script, dots).await;
+                    let _ = serve(stream, conn, script, dots, lines).await;
                 });
             }
         });
-        Server { addr, conns, dots }
+        Server {
+            addr,
+            conns,
+            dots,
+            content_lines,
+        }
     }
 
     async fn serve(
@@ -318,6 +331,7 @@ mod tests {
         conn: usize,
         script: Script,
         dots: Arc<AtomicUsize>,
+        content_lines: Arc<AtomicUsize>,
     ) -> std::io::Result<()> {
         let (r, mut w) = stream.into_split();
         let mut r = BufReader::new(r);
@@ -337,6 +351,17 @@ mod tests {
                     }
                     "250 ok"
                 }
+                "RCPT"
+                    if matches!(
+                        script(conn, txn),
+                        Step::RefuseRecipients | Step::RefuseRecipientsTakeData
+                    ) =>
+                {
+                    "550 5.1.1 no such user"
+                }
+                "DATA" if script(conn, txn) == Step::RefuseRecipients => {
+                    "554 5.5.1 no valid recipients"
+                }
                 "DATA" => {
                     w.write_all(b"354 go\r\n").await?;
                     loop {
@@ -347,6 +372,7 @@ mod tests {
                         if line == ".\r\n" {
                             break;
                         }
+                        content_lines.fetch_add(1, Ordering::SeqCst);
                     }
                     dots.fetch_add(1, Ordering::SeqCst);
                     if script(conn, txn) == Step::VanishAfterDot {
@@ -354,8 +380,8 @@ mod tests {
                     }
                     "250 queued"
                 }
-                // Pipelined MAIL and RCPT here (the integration sink
-                // takes them one by one).
+                // Pipelined MAIL, RCPT and DATA here (the integration
+                // sink takes them one by one).
                 "EHLO" => "250-s\r\n250 PIPELINING",
                 "QUIT" => return w.write_all(b"221 bye\r\n").await,
                 _ => "250 ok",
@@ -447,5 +473,35 @@ mod tests {
         assert!(r[0].reply.starts_with("after DATA"), "{r:?}");
         assert_eq!(s.conns.load(Ordering::SeqCst), 1, "no second connection");
         assert_eq!(s.dots.load(Ordering::SeqCst), 2, "sent once each");
+    }
+
+    /// DATA goes out with MAIL and RCPT; the content only after a 354 and
+    /// an accepted recipient, so a refused transaction never carries it.
+    #[tokio::test]
+    async fn refused_recipients_never_get_the_content_with_data_pipelined() {
+        let s = server(|_, _| Step::RefuseRecipients).await;
+        let pool = Pool::new(PoolSettings::default());
+        let r = send(&pool, s.addr).await;
+        assert_eq!(status(&r), Status::Failed, "{r:?}");
+        assert!(r[0].reply.starts_with("550"), "{r:?}");
+        let r = send(&pool, s.addr).await;
+        assert_eq!(status(&r), Status::Failed, "{r:?}");
+        assert_eq!(
+            s.conns.load(Ordering::SeqCst),
+            1,
+            "the session stays usable"
+        );
+        assert_eq!(s.content_lines.load(Ordering::SeqCst), 0);
+
+        // A next hop that takes DATA anyway gets an empty message ended at
+        // once, and its session is not reused.
+        let s = server(|_, _| Step::RefuseRecipientsTakeData).await;
+        let pool = Pool::new(PoolSettings::default());
+        for _ in 0..2 {
+            let r = send(&pool, s.addr).await;
+            assert_eq!(status(&r), Status::Failed, "{r:?}");
+        }
+        assert_eq!(s.content_lines.load(Ordering::SeqCst), 0);
+        assert_eq!(s.conns.load(Ordering::SeqCst), 2, "not trusted again");
     }
 }

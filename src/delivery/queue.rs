@@ -145,3 +145,32 @@ impl QueueDb {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_final_outcomes_are_done() {
+        let claimed = ClaimedMessage {
+            id: "Q1".into(),
+            workspace: "w".into(),
+            reverse_path: "s@x".into(),
+            recipients: vec!["a@y".into(), "b@y".into(), "c@y".into(), "d@y".into()],
+            idempotency_key: None,
+            trace: String::new(),
+            body: Vec::new(),
+            created_at: 1,
+            attempts: 2,
+            latest_outcomes: vec![
+                ("a@y".into(), "delivered".into()),
+                ("b@y".into(), "deferred".into()),
+                ("c@y".into(), "failed".into()),
+                ("d@y".into(), "something else".into()),
+            ],
+        };
+        let loaded = Loaded::from(claimed);
+        assert_eq!(loaded.pending(), ["b@y", "d@y"]);
+        assert_eq!(loaded.attempts, 2);
+    }
+}

@@ -26,7 +26,7 @@ impl Transport {
         };
         let d = &config.delivery;
         let pool = PoolSettings {
-            max_idle: d.max_per_destination,
+            max_idle: d.pool_size,
             max_messages: d.max_messages_per_connection,
             idle_timeout: d.connection_idle_timeout,
         };

@@ -39,6 +39,8 @@ struct Ctx {
     policy: Policy,
     hostname: String,
     workers: usize,
+    /// `relay.paused`: claim nothing.
+    paused: bool,
     lease: Duration,
     poll_interval: Duration,
     keep_finished: Duration,
@@ -73,6 +75,7 @@ impl Worker {
             },
             hostname: config.hostname.clone(),
             workers: d.workers,
+            paused: d.paused,
             lease: d.lease,
             poll_interval: d.poll_interval,
             keep_finished: d.keep_finished,
@@ -122,6 +125,11 @@ async fn take_back_leases(ctx: &Arc<Ctx>, first: bool) -> bool {
 }
 
 async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mut released: bool) {
+    if ctx.paused {
+        tracing::warn!("relay.paused is set: mail is accepted and queued, nothing is delivered");
+        let _ = stop.wait_for(|s| *s).await;
+        return;
+    }
     let permits = Arc::new(Semaphore::new(ctx.workers));
     let mut tasks = JoinSet::new();
     let mut next_purge = tokio::time::Instant::now();
@@ -491,7 +499,12 @@ async fn record(ctx: &Arc<Ctx>, outcome: AttemptOutcome) {
                 if let Some(dsn) = &outcome.bounce {
                     tracing::info!(queue_id = %id, dsn = %dsn.id, to = ?dsn.recipients, "delivery status notification queued");
                 }
-                log_state(&id, state, outcome.next_attempt_at);
+                // A message delivered to every recipient of this attempt is
+                // said by its attempt lines; one line less per message.
+                let all_delivered = outcome.rows.iter().all(|r| r.outcome == "delivered");
+                if !(state == MessageState::Delivered && all_delivered) {
+                    log_state(&id, state, outcome.next_attempt_at);
+                }
                 return;
             }
             Ok(None) => {

@@ -32,13 +32,27 @@ fn claim_on(
     limit: usize,
     skip: &str,
 ) -> rusqlite::Result<Vec<String>> {
+    // One index range per state (queue_due is (state, next_attempt_at)),
+    // each cut to `limit`: finished rows pile up in the same table until
+    // they are purged, and an OR across states would scan them all.
     let mut stmt = tx.prepare_cached(
         "UPDATE queue SET state = 'delivering', lease_until = ?2, updated_at = ?1
-         WHERE id IN (SELECT id FROM queue
-           WHERE ((state IN ('queued', 'deferred') AND next_attempt_at <= ?1)
-               OR (state = 'delivering' AND lease_until <= ?1))
-             AND instr(char(10) || ?4 || char(10), char(10) || id || char(10)) = 0
-           ORDER BY next_attempt_at LIMIT ?3)
+         WHERE id IN (SELECT id FROM (
+             SELECT id, due FROM (SELECT id, next_attempt_at AS due FROM queue
+               WHERE state = 'queued' AND next_attempt_at <= ?1
+                 AND instr(char(10) || ?4 || char(10), char(10) || id || char(10)) = 0
+               ORDER BY next_attempt_at LIMIT ?3)
+             UNION ALL
+             SELECT id, due FROM (SELECT id, next_attempt_at AS due FROM queue
+               WHERE state = 'deferred' AND next_attempt_at <= ?1
+                 AND instr(char(10) || ?4 || char(10), char(10) || id || char(10)) = 0
+               ORDER BY next_attempt_at LIMIT ?3)
+             UNION ALL
+             SELECT id, due FROM (SELECT id, lease_until AS due FROM queue
+               WHERE state = 'delivering' AND lease_until <= ?1
+                 AND instr(char(10) || ?4 || char(10), char(10) || id || char(10)) = 0
+               LIMIT ?3))
+           ORDER BY due LIMIT ?3)
          RETURNING id, next_attempt_at",
     )?;
     let mut claimed = stmt
@@ -185,7 +199,9 @@ fn purge_finished_on(
 fn next_due_on(conn: &Connection, skip: &str) -> rusqlite::Result<Option<UnixMillis>> {
     conn.prepare_cached(
         "SELECT MIN(t) FROM (
-           SELECT MIN(next_attempt_at) AS t FROM queue WHERE state IN ('queued', 'deferred')
+           SELECT MIN(next_attempt_at) AS t FROM queue WHERE state = 'queued'
+           UNION ALL
+           SELECT MIN(next_attempt_at) FROM queue WHERE state = 'deferred'
            UNION ALL
            SELECT MIN(lease_until) FROM queue WHERE state = 'delivering'
              AND instr(char(10) || ?1 || char(10), char(10) || id || char(10)) = 0)",
