@@ -38,12 +38,10 @@ fn msg(c: usize, i: usize) -> Vec<u8> {
     message(Some(&key(c, i)), &format!("client {c} message {i}"))
 }
 
-/// Keys in a daemon's queue, with the number of rows each.
-fn rows_per_key(d: &Daemon) -> HashMap<String, i64> {
+/// One row per key of `SELECT idempotency_key, <value> FROM queue ...`.
+fn per_key<T: rusqlite::types::FromSql>(d: &Daemon, sql: &str) -> HashMap<String, T> {
     let db = d.db();
-    let mut stmt = db
-        .prepare("SELECT idempotency_key, COUNT(*) FROM queue GROUP BY idempotency_key")
-        .expect("prepare");
+    let mut stmt = db.prepare(sql).expect("prepare");
     stmt.query_map([], |r| {
         Ok((
             r.get::<_, Option<String>>(0)?.unwrap_or_default(),
@@ -55,21 +53,17 @@ fn rows_per_key(d: &Daemon) -> HashMap<String, i64> {
     .collect()
 }
 
+/// Keys in a daemon's queue, with the number of rows each.
+fn rows_per_key(d: &Daemon) -> HashMap<String, i64> {
+    per_key(
+        d,
+        "SELECT idempotency_key, COUNT(*) FROM queue GROUP BY idempotency_key",
+    )
+}
+
 /// A's queue: key -> state.
 fn states(d: &Daemon) -> HashMap<String, String> {
-    let db = d.db();
-    let mut stmt = db
-        .prepare("SELECT idempotency_key, state FROM queue")
-        .expect("prepare");
-    stmt.query_map([], |r| {
-        Ok((
-            r.get::<_, Option<String>>(0)?.unwrap_or_default(),
-            r.get(1)?,
-        ))
-    })
-    .expect("query")
-    .map(|r| r.expect("row"))
-    .collect()
+    per_key(d, "SELECT idempotency_key, state FROM queue")
 }
 
 /// Keys B holds that A has not recorded as delivered: B's `250` came, A's
