@@ -139,71 +139,110 @@ pub(crate) fn classify(e: &tokio_postgres::Error) -> StoreError {
     }
 }
 
+/// One statement per acceptance (ledger entry, queue row and body as
+/// data-modifying CTEs), so a batch of them is pipelined in one round trip.
 async fn apply_acceptance(c: &ClientWrapper, a: &Acceptance) -> PgResult<CommitOutcome> {
-    if let Some(l) = &a.ledger {
-        let ttl = l.entry.expires_at - l.entry.created_at;
-        // Replace an entry only once it has expired; a row another node has
-        // inserted but not committed makes this wait for that commit.
-        let changed = c
-            .execute(
-                &c.prepare_cached(
-                    "INSERT INTO ledger (workspace, key, fingerprint, reply, queue_id, created_at, expires_at)
-                     VALUES ($1, $2, $3, $4, $5, smtp_once_now(), smtp_once_now() + $6)
-                     ON CONFLICT (workspace, key) DO UPDATE SET
-                       fingerprint = excluded.fingerprint, reply = excluded.reply,
-                       queue_id = excluded.queue_id, created_at = excluded.created_at,
-                       expires_at = excluded.expires_at
-                     WHERE ledger.expires_at <= excluded.created_at",
-                )
-                .await?,
-                &[
-                    &l.workspace,
-                    &l.key,
-                    &&l.entry.fingerprint[..],
-                    &l.entry.reply,
-                    &l.entry.queue_id,
-                    &ttl,
-                ],
-            )
-            .await?;
-        if changed == 0 {
-            return Ok(CommitOutcome::KeyTaken);
-        }
-    }
-    if let Some(m) = &a.message {
-        insert_message(c, m).await?;
-    }
-    Ok(CommitOutcome::Committed)
-}
-
-/// A queue row and its body, due at once (database time).
-async fn insert_message(c: &ClientWrapper, m: &NewMessage) -> PgResult<()> {
-    let size = i64::try_from(m.trace.len() + m.body.len()).unwrap_or(i64::MAX);
-    c.execute(
-        &c.prepare_cached(
-            "INSERT INTO queue (id, workspace, account, reverse_path, recipients, idempotency_key,
-                                size, state, attempts, next_attempt_at, created_at, updated_at)
-             SELECT $1, $2, $3, $4, $5, $6, $7, 'queued', 0, t, t, t FROM smtp_once_now() AS t",
+    // Replace a ledger entry only once it has expired; a row another node
+    // has inserted but not committed makes this wait for that commit.
+    const LEDGER: &str = "l AS (
+          INSERT INTO ledger (workspace, key, fingerprint, reply, queue_id, created_at, expires_at)
+          VALUES ($1, $2, $3, $4, $5, smtp_once_now(), smtp_once_now() + $6)
+          ON CONFLICT (workspace, key) DO UPDATE SET
+            fingerprint = excluded.fingerprint, reply = excluded.reply,
+            queue_id = excluded.queue_id, created_at = excluded.created_at,
+            expires_at = excluded.expires_at
+          WHERE ledger.expires_at <= excluded.created_at
+          RETURNING 1)";
+    // $n.. of the message; `gate` makes it depend on the ledger insert.
+    fn message_cte(first: usize, gate: &str) -> String {
+        let p = |i: usize| format!("${}", first + i);
+        format!(
+            "q AS (
+               INSERT INTO queue (id, workspace, account, reverse_path, recipients,
+                                  idempotency_key, size, state, attempts, next_attempt_at,
+                                  created_at, updated_at)
+               SELECT {}, {}, {}, {}, {}, {}, {}, 'queued', 0, t, t, t
+               FROM smtp_once_now() AS t {gate}
+               RETURNING id),
+             b AS (INSERT INTO message_body (queue_id, trace, body) SELECT id, {}, {} FROM q)",
+            p(0),
+            p(1),
+            p(2),
+            p(3),
+            p(4),
+            p(5),
+            p(6),
+            p(7),
+            p(8)
         )
-        .await?,
-        &[
-            &m.id,
+    }
+    let ledger = a.ledger.as_ref().map(|l| {
+        (
+            l,
+            &l.entry.fingerprint[..],
+            l.entry.expires_at - l.entry.created_at,
+        )
+    });
+    let message = a.message.as_ref().map(|m| {
+        (
+            m,
+            m.recipients.join("\n"),
+            i64::try_from(m.trace.len() + m.body.len()).unwrap_or(i64::MAX),
+        )
+    });
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::with_capacity(15);
+    if let Some((l, fp, ttl)) = &ledger {
+        params.extend([
+            &l.workspace as &(dyn tokio_postgres::types::ToSql + Sync),
+            &l.key,
+            fp,
+            &l.entry.reply,
+            &l.entry.queue_id,
+            ttl,
+        ]);
+    }
+    if let Some((m, recipients, size)) = &message {
+        params.extend([
+            &m.id as &(dyn tokio_postgres::types::ToSql + Sync),
             &m.workspace,
             &m.account,
             &m.reverse_path,
-            &m.recipients.join("\n"),
+            recipients,
             &m.idempotency_key,
-            &size,
-        ],
+            size,
+            &m.trace,
+            &m.body,
+        ]);
+    }
+    let sql = match (&ledger, &message) {
+        (Some(_), Some(_)) => format!(
+            "WITH {LEDGER}, {} SELECT COUNT(*) FROM l",
+            message_cte(7, "WHERE EXISTS (SELECT 1 FROM l)")
+        ),
+        (Some(_), None) => format!("WITH {LEDGER} SELECT COUNT(*) FROM l"),
+        (None, Some(_)) => format!("WITH {} SELECT COUNT(*) FROM q", message_cte(1, "")),
+        (None, None) => return Ok(CommitOutcome::Committed),
+    };
+    let row = c.query_one(&c.prepare_cached(&sql).await?, &params).await?;
+    let written: i64 = row.get(0);
+    Ok(if ledger.is_some() && written == 0 {
+        CommitOutcome::KeyTaken
+    } else {
+        CommitOutcome::Committed
+    })
+}
+
+/// A queue row and its body, due at once (database time): bounces.
+async fn insert_message(c: &ClientWrapper, m: &NewMessage) -> PgResult<()> {
+    apply_acceptance(
+        c,
+        &Acceptance {
+            ledger: None,
+            message: Some(m.clone()),
+        },
     )
-    .await?;
-    c.execute(
-        &c.prepare_cached("INSERT INTO message_body (queue_id, trace, body) VALUES ($1, $2, $3)")
-            .await?,
-        &[&m.id, &m.trace, &m.body],
-    )
-    .await?;
-    Ok(())
+    .await
+    .map(|_| ())
 }
 
 /// True if this transaction may do housekeeping (no other node is).
@@ -294,3 +333,6 @@ impl Store for PgStore {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests;

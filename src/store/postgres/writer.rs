@@ -166,13 +166,20 @@ async fn execute_batch(c: &ClientWrapper, batch: &mut Vec<Job>) -> Vec<(Job, Opt
     }
 }
 
+/// Every job's statements go out pipelined (tokio-postgres sends each
+/// request as soon as its future is polled, and the server runs them in
+/// order), so a batch costs a few round trips, not a few per job. Their
+/// order within the batch does not matter: a node never has two jobs for
+/// one key at once (the in-progress claim). BEGIN is answered before any
+/// job is sent, and COMMIT waits for every job's answer: sent after a
+/// failed statement it would be a silent ROLLBACK.
 async fn apply_all(c: &ClientWrapper, jobs: &mut [Job]) -> PgResult<()> {
     c.batch_execute("BEGIN").await?;
-    for job in jobs.iter_mut() {
-        if let Err(e) = job.work.apply(c).await {
-            let _ = c.batch_execute("ROLLBACK").await;
-            return Err(e);
-        }
+    let results =
+        futures_util::future::join_all(jobs.iter_mut().map(|job| job.work.apply(c))).await;
+    if let Some(e) = results.into_iter().find_map(Result::err) {
+        let _ = c.batch_execute("ROLLBACK").await;
+        return Err(e);
     }
     c.batch_execute("COMMIT").await
 }
