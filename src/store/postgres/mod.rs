@@ -34,6 +34,8 @@ pub struct PgStore {
     jobs: Mutex<Option<mpsc::UnboundedSender<Job>>>,
     queued: Arc<Notify>,
     node_id: String,
+    /// LISTENs for mail queued by any node (see `listen`).
+    listener: tokio::task::JoinHandle<()>,
 }
 
 /// Plain values, so configuration can hand them over without this module
@@ -51,10 +53,12 @@ impl PgStore {
     pub async fn open(o: PgOptions<'_>) -> Result<Self, StoreError> {
         let config = tokio_postgres::Config::from_str(o.url)
             .map_err(|e| StoreError::Unavailable(format!("store.url: {e}")))?;
-        let tls = crate::tls::client_config(o.ca_file).map_err(StoreError::Unavailable)?;
+        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(
+            crate::tls::client_config(o.ca_file).map_err(StoreError::Unavailable)?,
+        );
         let manager = Manager::from_config(
-            config,
-            tokio_postgres_rustls::MakeRustlsConnect::new(tls),
+            config.clone(),
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -81,11 +85,13 @@ impl PgStore {
         let (jobs, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(Notify::new());
         tokio::spawn(writer::run(pool.clone(), rx, queued.clone()));
+        let listener = tokio::spawn(listen(config, tls, queued.clone()));
         Ok(Self {
             pool,
             jobs: Mutex::new(Some(jobs)),
             queued,
             node_id: o.node_id.to_owned(),
+            listener,
         })
     }
 
@@ -94,6 +100,7 @@ impl PgStore {
         if let Ok(mut jobs) = self.jobs.lock() {
             jobs.take();
         }
+        self.listener.abort();
     }
 
     fn submit<T: Send + 'static>(
@@ -118,6 +125,55 @@ impl PgStore {
         pool.get()
             .await
             .map_err(|e| StoreError::Unavailable(format!("PostgreSQL unreachable: {e}")))
+    }
+}
+
+/// The channel a commit that queued mail notifies (inside its transaction,
+/// so it is delivered only on COMMIT).
+pub(crate) const QUEUED_CHANNEL: &str = "smtp_once_queued";
+
+/// Wakes this node's worker when any node queued mail, so a message
+/// accepted on one node is picked up at once by whichever is free. On a
+/// lost connection it reconnects; meanwhile `poll_interval` still applies.
+async fn listen(
+    config: tokio_postgres::Config,
+    tls: tokio_postgres_rustls::MakeRustlsConnect,
+    queued: Arc<Notify>,
+) {
+    loop {
+        match config.connect(tls.clone()).await {
+            Ok((client, mut conn)) => {
+                let (tx, mut rx) = mpsc::unbounded_channel();
+                let driver = tokio::spawn(async move {
+                    while let Some(message) = std::future::poll_fn(|cx| conn.poll_message(cx)).await
+                    {
+                        match message {
+                            Ok(tokio_postgres::AsyncMessage::Notification(_)) => {
+                                if tx.send(()).is_err() {
+                                    return;
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(_) => return,
+                        }
+                    }
+                });
+                match client
+                    .batch_execute(&format!("LISTEN {QUEUED_CHANNEL}"))
+                    .await
+                {
+                    Ok(()) => {
+                        while rx.recv().await.is_some() {
+                            queued.notify_one();
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %describe(&e), "LISTEN failed"),
+                }
+                driver.abort();
+            }
+            Err(e) => tracing::debug!(error = %describe(&e), "LISTEN connection failed"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

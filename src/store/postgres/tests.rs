@@ -318,3 +318,30 @@ async fn an_unreachable_server_is_unavailable() {
     .await;
     assert!(matches!(refused, Err(StoreError::Unavailable(_))));
 }
+
+#[tokio::test]
+async fn mail_queued_on_one_node_wakes_the_others() {
+    let db = TestDb::new().await;
+    let (a, b) = (db.node("a").await, db.node("b").await);
+    // b's LISTEN may not be in place yet: commit on a until b wakes.
+    let woke = async {
+        let mut n = 0;
+        loop {
+            a.commit(acceptance(&format!("W{n}"), None, "w"))
+                .await
+                .expect("commit");
+            n += 1;
+            if tokio::time::timeout(std::time::Duration::from_millis(300), b.queued())
+                .await
+                .is_ok()
+            {
+                return n;
+            }
+        }
+    };
+    let commits = tokio::time::timeout(std::time::Duration::from_secs(10), woke)
+        .await
+        .expect("b is woken by a's commits");
+    assert!(commits <= 10, "{commits} commits before b woke");
+    db.drop_db().await;
+}

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use deadpool_postgres::{ClientWrapper, Object, Pool};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use super::{classify, describe};
+use super::{QUEUED_CHANNEL, classify, describe};
 use crate::store::{BoxFuture, StoreError};
 
 /// Upper bound on jobs per transaction, to bound latency and memory.
@@ -175,9 +175,20 @@ async fn execute_batch(c: &ClientWrapper, batch: &mut Vec<Job>) -> Vec<(Job, Opt
 /// failed statement it would be a silent ROLLBACK.
 async fn apply_all(c: &ClientWrapper, jobs: &mut [Job]) -> PgResult<()> {
     c.batch_execute("BEGIN").await?;
-    let results =
-        futures_util::future::join_all(jobs.iter_mut().map(|job| job.work.apply(c))).await;
-    if let Some(e) = results.into_iter().find_map(Result::err) {
+    let queues_mail = jobs.iter().any(|job| job.queues_mail);
+    let notify = format!("NOTIFY {QUEUED_CHANNEL}");
+    let (results, notified) = tokio::join!(
+        futures_util::future::join_all(jobs.iter_mut().map(|job| job.work.apply(c))),
+        async {
+            // Other nodes' workers wake on COMMIT (see `listen`).
+            if queues_mail {
+                c.batch_execute(&notify).await
+            } else {
+                Ok(())
+            }
+        }
+    );
+    if let Some(e) = results.into_iter().find_map(Result::err).or(notified.err()) {
         let _ = c.batch_execute("ROLLBACK").await;
         return Err(e);
     }
