@@ -14,7 +14,7 @@ use crate::delivery::{DeliveryError, Worker};
 use crate::server::Server;
 use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::sqlite::{Inspector, SqliteStore};
-use crate::store::{DeliveryQueue, MessageState, MessageStatus, Store, now_millis};
+use crate::store::{DeliveryQueue, MessageState, MessageStatus, StatusReader, Store, now_millis};
 use crate::trace::rfc5322_date;
 
 #[derive(Parser, Debug)]
@@ -42,6 +42,9 @@ pub enum Command {
     },
     /// Read a password on stdin and print its argon2id PHC string.
     HashPassword,
+    /// Make an HTTP API key: prints the token once (give it to the
+    /// application) and the `api_key_hash` line for the account's [[user]].
+    NewApiKey,
     /// Show one message's state, attempts and last error.
     Status {
         #[arg(long, short)]
@@ -105,6 +108,12 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Serve { config } => serve(config),
         Command::CheckConfig { config } => check_config(config),
         Command::HashPassword => hash_password(),
+        Command::NewApiKey => {
+            let (token, hash) = crate::http::keys::new_token();
+            println!("token (shown once; the config keeps only its hash):\n  {token}");
+            println!("add to the account's [[user]] section:\n  api_key_hash = \"{hash}\"");
+            Ok(())
+        }
         Command::Status { config, queue_id } => status(config, &queue_id),
         Command::Queue {
             config,
@@ -161,7 +170,7 @@ fn serve(path: PathBuf) -> Result<(), String> {
         StoreBackend::Sqlite => {
             let store = Arc::new(SqliteStore::open(&config.data_dir).map_err(|e| e.to_string())?);
             tracing::info!(db = %store.db_path().display(), "ledger and queue open");
-            runtime.block_on(run_node(&config, store.clone(), store.clone()))?;
+            runtime.block_on(run_node(&config, store.clone()))?;
             drop(runtime);
             match Arc::try_unwrap(store) {
                 Ok(store) => store.close(),
@@ -179,7 +188,7 @@ fn serve(path: PathBuf) -> Result<(), String> {
                 .await
                 .map_err(|e| e.to_string())?,
             );
-            run_node(&config, store.clone(), store.clone()).await?;
+            run_node(&config, store.clone()).await?;
             store.close();
             Ok::<(), String>(())
         })?,
@@ -189,25 +198,39 @@ fn serve(path: PathBuf) -> Result<(), String> {
 }
 
 /// Runs the delivery worker and the server on one store until a signal.
-async fn run_node(
+async fn run_node<S: Store + DeliveryQueue + StatusReader>(
     config: &Config,
-    store: Arc<dyn Store>,
-    queue: Arc<dyn DeliveryQueue>,
+    store: Arc<S>,
 ) -> Result<(), String> {
     // The worker first: a delivery setting that cannot work (DNS, TLS
     // roots, outbox folder) stops the daemon before it accepts mail.
-    let worker = Worker::start(config, queue)
+    let worker = Worker::start(config, store.clone())
         .await
         .map_err(|e| e.to_string())?;
-    let server = Server::start(config, store).await?;
+    let acceptor = Arc::new(crate::server::acceptor(config, store.clone())?);
+    let http = match &config.http {
+        Some(settings) => {
+            Some(crate::http::start(config, settings, acceptor.clone(), store.clone()).await?)
+        }
+        None => None,
+    };
+    let server = Server::start(config, store, acceptor).await?;
     for (addr, listener) in server.addrs.iter().zip(&config.listeners) {
         // A stable line on stdout that scripts and tests wait for.
         println!("smtp-once listening on {addr} ({:?})", listener.tls);
     }
+    if let Some(http) = &http {
+        println!("smtp-once http on {}", http.addr);
+    }
     let _ = std::io::stdout().flush();
     wait_for_signal().await;
     tracing::info!("stopping: finishing in-flight transactions and deliveries");
-    tokio::join!(server.shutdown(), worker.shutdown());
+    let http_stopped = async {
+        if let Some(http) = http {
+            http.shutdown().await;
+        }
+    };
+    tokio::join!(server.shutdown(), worker.shutdown(), http_stopped);
     Ok(())
 }
 

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod config;
 pub mod delivery;
 pub mod fd_limit;
+pub mod http;
 pub mod idempotency;
 pub mod net;
 pub mod private_fs;

@@ -18,8 +18,16 @@ pub enum KeySource {
     MessageHeader,
     /// HTTP: the `Idempotency-Key` request header (as sent, not yet
     /// validated) and the request line (method, path, query) that is part
-    /// of the request's identity with the body.
-    Request { key: Option<String>, line: String },
+    /// of the request's identity with the body. `body` is the body's own
+    /// hash when the message was built from it (JSON), so that identity does
+    /// not depend on the built message's fresh Date, Message-ID and MIME
+    /// boundaries; `None` when the body is the message (raw MIME: its
+    /// fingerprint ignores boundaries and part order).
+    Request {
+        key: Option<String>,
+        line: String,
+        body: Option<[u8; 32]>,
+    },
 }
 
 pub trait Channel: Send + Sync {

@@ -106,12 +106,12 @@ fn key_of(sub: &Submission, source: &KeySource) -> Result<Option<String>, KeyErr
 fn identity(source: &KeySource, message: Fingerprint) -> Fingerprint {
     match source {
         KeySource::MessageHeader => message,
-        KeySource::Request { line, .. } => {
+        KeySource::Request { line, body, .. } => {
             let mut h = Sha256::new();
             h.update(b"smtp-once http request\0");
             h.update(line.as_bytes());
             h.update(b"\0");
-            h.update(message);
+            h.update(body.unwrap_or(message));
             h.finalize().into()
         }
     }

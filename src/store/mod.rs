@@ -166,6 +166,30 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<usize, StoreError>>;
 }
 
+/// A message as the status API shows it: its row and its attempts.
+pub type MessageDetail = (MessageStatus, Vec<AttemptRecord>);
+
+/// What the HTTP API shows of messages, always within one workspace.
+pub trait StatusReader: Send + Sync + 'static {
+    /// The message and its attempts, if it exists in `workspace` (another
+    /// workspace's message is `None`, as if it did not exist).
+    fn message_in(
+        &self,
+        workspace: &str,
+        id: &str,
+    ) -> BoxFuture<'static, Result<Option<MessageDetail>, StoreError>>;
+
+    /// Up to `limit` messages of `workspace` with queue ids after `after`,
+    /// in queue-id (acceptance) order, optionally of one state.
+    fn list(
+        &self,
+        workspace: &str,
+        state: Option<MessageState>,
+        after: Option<String>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<MessageStatus>, StoreError>>;
+}
+
 /// One recipient's result in one delivery attempt, as `delivery_attempt`
 /// holds it (read by `status`).
 #[derive(Debug, Clone)]

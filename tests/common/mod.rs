@@ -3,6 +3,8 @@
 //! real TCP and TLS (trusting the dev certificate in `certs/`).
 #![allow(dead_code)]
 
+pub mod http;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -87,6 +89,8 @@ pub struct Daemon {
     pub implicit: SocketAddr,
     /// Every bound listener, in the order of the config file.
     pub addrs: Vec<SocketAddr>,
+    /// The HTTP API's address, when the config has `[http]`.
+    pub http: Option<SocketAddr>,
     pub stderr_path: PathBuf,
     pub env: Vec<(&'static str, &'static str)>,
 }
@@ -117,6 +121,7 @@ impl Daemon {
         std::fs::write(&config_path, text).expect("write config");
         let mut d = Daemon {
             addrs: Vec::new(),
+            http: None,
             child: None,
             stderr_path: dir.path().join("daemon.log"),
             dir,
@@ -166,12 +171,12 @@ impl Daemon {
                 }
             }
         });
-        let want = std::fs::read_to_string(&self.config_path)
-            .expect("config")
-            .matches("[[listener]]")
-            .count();
+        let config_text = std::fs::read_to_string(&self.config_path).expect("config");
+        let want = config_text.matches("[[listener]]").count();
+        let want_http = config_text.contains("\n[http]");
         let mut addrs = Vec::new();
-        while addrs.len() < want {
+        let mut http = None;
+        while addrs.len() < want || (want_http && http.is_none()) {
             let line = rx
                 .recv_timeout(Duration::from_secs(20))
                 .unwrap_or_else(|_| panic!("daemon did not start; log:\n{}", self.log()));
@@ -179,11 +184,15 @@ impl Daemon {
                 let addr = rest.split(' ').next().expect("addr");
                 addrs.push(addr.parse::<SocketAddr>().expect("socket addr"));
             }
+            if let Some(rest) = line.strip_prefix("smtp-once http on ") {
+                http = Some(rest.trim().parse::<SocketAddr>().expect("http addr"));
+            }
         }
         if let [plain, starttls, implicit] = addrs[..] {
             (self.plain, self.starttls, self.implicit) = (plain, starttls, implicit);
         }
         self.addrs = addrs;
+        self.http = http;
         self.child = Some(child);
     }
 
@@ -274,11 +283,26 @@ impl Drop for Daemon {
     }
 }
 
+/// The HTTP API token of a test account (its hash is in the config).
+pub fn api_token(user: &str) -> String {
+    format!("so_test_token_of_{user}")
+}
+
+fn api_key_hash(token: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 fn config_text(o: &Options, dir: &Path) -> String {
     let mut users = String::new();
     for ((name, _, workspace, senders), hash) in USERS.iter().zip(user_hashes()) {
         users.push_str(&format!(
-            "[[user]]\nname = \"{name}\"\npassword_hash = \"{hash}\"\nworkspace = \"{workspace}\"\n"
+            "[[user]]\nname = \"{name}\"\npassword_hash = \"{hash}\"\nworkspace = \"{workspace}\"\n\
+             api_key_hash = \"{}\"\n",
+            api_key_hash(&api_token(name))
         ));
         if let Some(s) = senders {
             users.push_str(&format!("allowed_senders = [\"{s}\"]\n"));

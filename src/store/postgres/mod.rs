@@ -8,6 +8,7 @@
 
 mod queue;
 mod schema;
+mod status;
 mod writer;
 
 use std::str::FromStr;

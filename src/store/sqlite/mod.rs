@@ -7,6 +7,7 @@ mod identity;
 mod inspect;
 mod queue;
 mod schema;
+mod status;
 #[cfg(test)]
 mod tests;
 mod writer;
