@@ -67,7 +67,12 @@ impl Channel for Http {
     }
 
     fn replay(&self, stored: &[u8]) -> Vec<u8> {
-        if stored.first().is_some_and(u8::is_ascii_digit) && stored.contains(&b'\n') {
+        // Ours: three digits and a newline ("202\n{...}"); an SMTP reply
+        // has a space or dash after its code.
+        let ours = stored.len() > 3
+            && stored[..3].iter().all(u8::is_ascii_digit)
+            && stored[3] == b'\n';
+        if ours {
             let mut out = REPLAY_MARK.to_vec();
             out.extend_from_slice(stored);
             out
