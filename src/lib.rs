@@ -11,6 +11,8 @@ pub mod config;
 pub mod delivery;
 pub mod fd_limit;
 pub mod idempotency;
+pub mod metrics;
+pub mod metrics_http;
 pub mod net;
 pub mod private_fs;
 pub mod send;
