@@ -244,6 +244,11 @@ impl Metrics {
                 });
             }
         }
+        for channel in [Channel::Smtp, Channel::Http] {
+            let _ = metrics.submission_seconds.get_or_create(&ChannelLabel {
+                channel: channel.as_str(),
+            });
+        }
         for state in QUEUE_STATES {
             let _ = metrics.queue_messages.get_or_create(&StateLabel { state });
         }
