@@ -11,6 +11,7 @@ use crate::config::{Config, StoreBackend};
 use crate::delivery::queue::QueueDb;
 use crate::delivery::status::format_delivery;
 use crate::delivery::{DeliveryError, Worker};
+use crate::metrics_http::MetricsServer;
 use crate::server::Server;
 use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::sqlite::{Inspector, SqliteStore};
@@ -24,8 +25,18 @@ use crate::trace::rfc5322_date;
     about = "SMTP submission relay with exactly-once acceptance"
 )]
 pub struct Cli {
+    /// Log lines on stderr as text (default) or one JSON object per line,
+    /// for log shippers (journald, Loki, Vector...).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -105,7 +116,7 @@ pub enum Command {
 
 pub fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
-        Command::Serve { config } => serve(config),
+        Command::Serve { config } => serve(config, cli.log_format),
         Command::CheckConfig { config } => check_config(config),
         Command::HashPassword => hash_password(),
         Command::NewApiKey => {
@@ -140,18 +151,28 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
-fn init_logging() {
+fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+        // One object per line: timestamp, level, target, and the event's
+        // fields (message included) at the top level.
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init(),
+    };
 }
 
-fn serve(path: PathBuf) -> Result<(), String> {
-    init_logging();
+fn serve(path: PathBuf, log_format: LogFormat) -> Result<(), String> {
+    init_logging(log_format);
     let config = Config::load(&path).map_err(|e| e.to_string())?;
     match crate::fd_limit::raise_to_hard_limit() {
         Ok(limit) => {
@@ -207,6 +228,14 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader>(
     let worker = Worker::start(config, store.clone())
         .await
         .map_err(|e| e.to_string())?;
+    let metrics = match config.metrics {
+        Some(addr) => Some(
+            MetricsServer::start(addr, store.clone())
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        None => None,
+    };
     let acceptor = Arc::new(crate::server::acceptor(config, store.clone())?);
     let http = match &config.http {
         Some(settings) => {
@@ -215,6 +244,10 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader>(
         None => None,
     };
     let server = Server::start(config, store, acceptor).await?;
+    if let Some(metrics) = &metrics {
+        // Before the listening lines, which tests and scripts wait for.
+        println!("smtp-once metrics on {}", metrics.addr);
+    }
     for (addr, listener) in server.addrs.iter().zip(&config.listeners) {
         // A stable line on stdout that scripts and tests wait for.
         println!("smtp-once listening on {addr} ({:?})", listener.tls);
@@ -231,6 +264,10 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader>(
         }
     };
     tokio::join!(server.shutdown(), worker.shutdown(), http_stopped);
+    // Last, so /readyz and /metrics see the whole shutdown.
+    if let Some(metrics) = metrics {
+        metrics.shutdown().await;
+    }
     Ok(())
 }
 

@@ -57,6 +57,15 @@ pub struct RawConfig {
     #[serde(default)]
     pub store: RawStore,
     pub http: Option<RawHttp>,
+    /// No section: no metrics listener.
+    pub metrics: Option<RawMetrics>,
+}
+
+/// `[metrics]`: the listener for /metrics, /healthz and /readyz.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMetrics {
+    pub addr: String,
 }
 
 /// Defences against hostile clients (docs/configuration.md). Each default is
@@ -496,6 +505,8 @@ pub struct Config {
     pub relay: Relay,
     pub delivery: Delivery,
     pub limits: Limits,
+    /// `[metrics] addr`; `None` without the section.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Deepest `limits.max_mime_depth` allowed: the parse threads' stacks are
@@ -876,6 +887,16 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
     let http = http::validate_http(raw.http.as_ref(), raw.tls.is_some(), p);
     let node_id = store::node_id(s.node_id.as_deref(), p);
     let auth = validate_auth(&raw.auth, p);
+    let metrics = raw.metrics.as_ref().and_then(|m| {
+        let addr = m.addr.parse::<SocketAddr>();
+        if addr.is_err() {
+            p.add(
+                "metrics.addr",
+                format!("{:?} is not an address like 127.0.0.1:9187", m.addr),
+            );
+        }
+        addr.ok()
+    });
 
     Config {
         path: path.to_path_buf(),
@@ -903,6 +924,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         relay,
         delivery,
         limits,
+        metrics,
     }
 }
 

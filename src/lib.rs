@@ -12,6 +12,8 @@ pub mod delivery;
 pub mod fd_limit;
 pub mod http;
 pub mod idempotency;
+pub mod metrics;
+pub mod metrics_http;
 pub mod net;
 pub mod private_fs;
 pub mod send;

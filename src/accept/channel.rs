@@ -31,8 +31,8 @@ pub enum KeySource {
 }
 
 pub trait Channel: Send + Sync {
-    /// `smtp` or `http`.
-    fn name(&self) -> &'static str;
+    /// Which channel, for the submissions metric.
+    fn metric(&self) -> crate::metrics::Channel;
     /// The answer for a queued message (stored under its key).
     fn accepted(&self, queue_id: &str) -> Vec<u8>;
     /// A `From:` header the account may not use: `reply` is the SMTP
@@ -60,8 +60,8 @@ pub trait Channel: Send + Sync {
 pub struct Smtp;
 
 impl Channel for Smtp {
-    fn name(&self) -> &'static str {
-        "smtp"
+    fn metric(&self) -> crate::metrics::Channel {
+        crate::metrics::Channel::Smtp
     }
 
     fn accepted(&self, queue_id: &str) -> Vec<u8> {

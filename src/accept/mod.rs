@@ -23,6 +23,7 @@ use crate::idempotency::fingerprint::Fingerprint;
 use crate::idempotency::key_hash;
 use crate::idempotency::mime_limits::MimeLimits;
 use crate::idempotency::volatile::VolatileHeaders;
+use crate::metrics::{self, Outcome};
 use crate::smtp::reply::Reply;
 use crate::smtp::session::Submission;
 use crate::store::{
@@ -103,6 +104,17 @@ impl Acceptor {
         channel: &dyn Channel,
         source: KeySource,
     ) -> Vec<u8> {
+        let (reply, outcome) = self.run(sub, channel, source).await;
+        metrics::global().submission(channel.metric(), outcome);
+        reply
+    }
+
+    async fn run(
+        &self,
+        sub: Submission,
+        channel: &dyn Channel,
+        source: KeySource,
+    ) -> (Vec<u8>, Outcome) {
         let workspace = sub.submitter.workspace().to_owned();
         let peer = sub.peer;
         let limits = self.mime_limits;
@@ -122,13 +134,13 @@ impl Acceptor {
             Ok(done) => done,
             Err(e) => {
                 tracing::error!(%workspace, %peer, error = %e, "not accepted: message analysis failed");
-                return channel.analysis_failed();
+                return (channel.analysis_failed(), Outcome::Unavailable);
             }
         };
         let (key, fingerprint) = match facts.verdict {
             Verdict::BadKey(e) => {
                 tracing::info!(%workspace, %peer, error = %e, "rejected E01001");
-                return channel.bad_key(&e);
+                return (channel.bad_key(&e), Outcome::Invalid);
             }
             // Not stored under the key: the refusal depends only on the
             // bytes and the limits, so an identical retry gets it again, and
@@ -136,7 +148,7 @@ impl Acceptor {
             Verdict::OverLimits { error, key } => {
                 let key = key.map_or_else(|| "-".to_owned(), |k| key_hash(&workspace, &k));
                 tracing::info!(%workspace, %key, %peer, %error, "refused: MIME limits");
-                return channel.over_limits(&error);
+                return (channel.over_limits(&error), Outcome::Invalid);
             }
             Verdict::Unkeyed => {
                 return self.execute(sub, channel, None, facts.from_rejection).await;
@@ -146,7 +158,7 @@ impl Acceptor {
         let hash = key_hash(&workspace, &key);
         let Some(_claim) = self.claims.try_claim(&workspace, &key) else {
             tracing::info!(%workspace, key = %hash, "refused E01004: key in progress");
-            return channel.in_progress();
+            return (channel.in_progress(), Outcome::InProgress);
         };
         let keyed = Keyed {
             fingerprint,
@@ -161,7 +173,7 @@ impl Acceptor {
             Ok(existing) => existing,
             Err(e) => {
                 tracing::error!(%workspace, key = %keyed.hash, error = %e, "refused E01033: ledger unavailable");
-                return channel.unavailable();
+                return (channel.unavailable(), Outcome::Unavailable);
             }
         };
         match decide(existing.as_ref(), &keyed.fingerprint) {
@@ -174,7 +186,7 @@ impl Acceptor {
                     %workspace, key = %keyed.hash, queue_id = entry.queue_id.as_deref().unwrap_or("-"),
                     "replayed stored reply"
                 );
-                channel.replay(&entry.reply)
+                (channel.replay(&entry.reply), Outcome::Replayed)
             }
             Decision::Conflict(entry) => {
                 if self.matches_strictly(sub, source, &entry.fingerprint).await {
@@ -182,13 +194,13 @@ impl Acceptor {
                         %workspace, key = %keyed.hash, queue_id = entry.queue_id.as_deref().unwrap_or("-"),
                         "replayed stored reply (entry stored with every header value counting)"
                     );
-                    return channel.replay(&entry.reply);
+                    return (channel.replay(&entry.reply), Outcome::Replayed);
                 }
                 tracing::info!(
                     %workspace, key = %keyed.hash, queue_id = entry.queue_id.as_deref().unwrap_or("-"),
                     "refused E01005: key reused for a different message"
                 );
-                channel.conflict(entry)
+                (channel.conflict(entry), Outcome::Conflict)
             }
         }
         // `_claim` drops here, after the commit resolved either way.
@@ -229,7 +241,7 @@ impl Acceptor {
         channel: &dyn Channel,
         keyed: Option<Keyed>,
         from_rejection: Option<(Reply, FromError)>,
-    ) -> Vec<u8> {
+    ) -> (Vec<u8>, Outcome) {
         let workspace = sub.submitter.workspace().to_owned();
         let key_log = keyed.as_ref().map_or("-", |k| k.hash.as_str()).to_owned();
         let now = now_millis();
@@ -248,15 +260,15 @@ impl Acceptor {
                     message: None,
                 };
                 return match self.store.commit(acceptance).await {
-                    Ok(CommitOutcome::Committed) => reply,
-                    Ok(CommitOutcome::KeyTaken) => channel.in_progress(),
+                    Ok(CommitOutcome::Committed) => (reply, Outcome::Rejected),
+                    Ok(CommitOutcome::KeyTaken) => (channel.in_progress(), Outcome::InProgress),
                     Err(e) => {
                         tracing::warn!(%workspace, key = %key_log, error = %e, "rejection not stored");
-                        storage_failure_reply(channel, &e)
+                        (storage_failure_reply(channel, &e), Outcome::Unavailable)
                     }
                 };
             }
-            return reply;
+            return (reply, Outcome::Rejected);
         }
 
         let id = queue_id::next();
@@ -283,17 +295,17 @@ impl Acceptor {
         match self.store.commit(acceptance).await {
             Ok(CommitOutcome::Committed) => {
                 tracing::info!(%workspace, key = %key_log, queue_id = %id, recipients, "accepted");
-                reply
+                (reply, Outcome::Accepted)
             }
             // Another writer (another node) committed the key first; the
             // client's retry will be answered from its entry.
             Ok(CommitOutcome::KeyTaken) => {
                 tracing::info!(%workspace, key = %key_log, "refused E01004: key committed concurrently");
-                channel.in_progress()
+                (channel.in_progress(), Outcome::InProgress)
             }
             Err(e) => {
                 tracing::error!(%workspace, key = %key_log, error = %e, "not accepted: commit failed");
-                storage_failure_reply(channel, &e)
+                (storage_failure_reply(channel, &e), Outcome::Unavailable)
             }
         }
     }

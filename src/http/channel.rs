@@ -51,8 +51,8 @@ pub fn decode(bytes: &[u8]) -> Answer {
 pub struct Http;
 
 impl Channel for Http {
-    fn name(&self) -> &'static str {
-        "http"
+    fn metric(&self) -> crate::metrics::Channel {
+        crate::metrics::Channel::Http
     }
 
     fn accepted(&self, queue_id: &str) -> Vec<u8> {
@@ -69,9 +69,8 @@ impl Channel for Http {
     fn replay(&self, stored: &[u8]) -> Vec<u8> {
         // Ours: three digits and a newline ("202\n{...}"); an SMTP reply
         // has a space or dash after its code.
-        let ours = stored.len() > 3
-            && stored[..3].iter().all(u8::is_ascii_digit)
-            && stored[3] == b'\n';
+        let ours =
+            stored.len() > 3 && stored[..3].iter().all(u8::is_ascii_digit) && stored[3] == b'\n';
         if ours {
             let mut out = REPLAY_MARK.to_vec();
             out.extend_from_slice(stored);

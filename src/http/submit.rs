@@ -16,6 +16,7 @@ use super::compose::{self, Composed};
 use super::{Api, respond};
 use crate::accept::channel::KeySource;
 use crate::address::ReversePath;
+use crate::metrics::{self, Outcome};
 use crate::smtp::session::Submission;
 
 pub async fn submit(
@@ -26,26 +27,49 @@ pub async fn submit(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    // From the whole body received to the response ready.
+    let started = std::time::Instant::now();
+    let response = handle(api, peer, method, uri, headers, body).await;
+    metrics::global().request_seconds(started.elapsed().as_secs_f64());
+    response
+}
+
+/// Refused before the pipeline: counted here (the pipeline counts its own).
+fn refused(outcome: Outcome, encoded: Vec<u8>) -> Response {
+    metrics::global().submission(metrics::Channel::Http, outcome);
+    respond(encoded)
+}
+
+async fn handle(
+    api: Arc<Api>,
+    peer: SocketAddr,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let submitter = match api.authenticate(&headers) {
         Ok(s) => s,
         Err(response) => return *response,
     };
     if body.len() > api.max_message_size {
-        return respond(channel::error(
-            413,
-            "TooLarge",
-            &format!("the body is over {} bytes", api.max_message_size),
-        ));
+        return refused(
+            Outcome::Invalid,
+            channel::error(
+                413,
+                "TooLarge",
+                &format!("the body is over {} bytes", api.max_message_size),
+            ),
+        );
     }
     let key = match headers.get("idempotency-key").map(|v| v.to_str()) {
         None => None,
         Some(Ok(k)) => Some(k.to_owned()),
         Some(Err(_)) => {
-            return respond(channel::error(
-                422,
-                "E01001",
-                "Idempotency-Key is not visible ASCII",
-            ));
+            return refused(
+                Outcome::Invalid,
+                channel::error(422, "E01001", "Idempotency-Key is not visible ASCII"),
+            );
         }
     };
     let query = uri.query().unwrap_or_default();
@@ -77,11 +101,14 @@ pub async fn submit(
             (compose::from_json(&body), Some(hash))
         }
         _ => {
-            return respond(channel::error(
-                415,
-                "UnsupportedMediaType",
-                "Content-Type must be message/rfc822 or application/json",
-            ));
+            return refused(
+                Outcome::Invalid,
+                channel::error(
+                    415,
+                    "UnsupportedMediaType",
+                    "Content-Type must be message/rfc822 or application/json",
+                ),
+            );
         }
     };
     let Composed {
@@ -90,25 +117,36 @@ pub async fn submit(
         content,
     } = match composed {
         Ok(c) => c,
-        Err(e) => return respond(channel::error(400, "BadRequest", &e.to_string())),
+        Err(e) => {
+            return refused(
+                Outcome::Invalid,
+                channel::error(400, "BadRequest", &e.to_string()),
+            );
+        }
     };
     if recipients.len() > api.max_recipients {
-        return respond(channel::error(
-            400,
-            "BadRequest",
-            &format!("more than {} recipients", api.max_recipients),
-        ));
+        return refused(
+            Outcome::Invalid,
+            channel::error(
+                400,
+                "BadRequest",
+                &format!("more than {} recipients", api.max_recipients),
+            ),
+        );
     }
     let allowed = ReversePath::parse(&reverse_path)
         .map(|p| submitter.may_send_as_path(&p))
         .unwrap_or(false);
     if !allowed {
         tracing::info!(account = submitter.name(), sender = ?reverse_path, "HTTP submission refused: sender not allowed");
-        return respond(channel::error(
-            403,
-            "SenderNotAllowed",
-            &format!("this API key may not send as {reverse_path}"),
-        ));
+        return refused(
+            Outcome::Rejected,
+            channel::error(
+                403,
+                "SenderNotAllowed",
+                &format!("this API key may not send as {reverse_path}"),
+            ),
+        );
     }
     let source = KeySource::Request {
         key,

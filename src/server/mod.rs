@@ -244,11 +244,14 @@ async fn accept_loop(
             shared.clone(),
             shutdown.clone(),
         );
+        // Counted until the task ends or is aborted after the grace period.
+        let counted = crate::metrics::global().connection();
         connections.spawn(async move {
             handle.await;
             // The caps count a connection until its task ends.
             drop(permit);
             drop(per_ip);
+            drop(counted);
         });
     }
     drop(socket);

@@ -164,6 +164,25 @@ pub trait Store: Send + Sync + 'static {
         now: UnixMillis,
         limit: usize,
     ) -> BoxFuture<'static, Result<usize, StoreError>>;
+
+    /// A trivial write transaction through the writer (nothing written):
+    /// `Ok` when the store would commit an acceptance now. `/readyz`.
+    fn ready(&self) -> BoxFuture<'static, Result<(), StoreError>>;
+
+    /// Messages still in the queue per state, and how long the oldest one
+    /// waiting for delivery has waited. A read; `/metrics` at each scrape.
+    fn queue_depth(&self) -> BoxFuture<'static, Result<QueueDepth, StoreError>>;
+}
+
+/// What [`Store::queue_depth`] reads.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueDepth {
+    /// Messages per state, for `queued`, `deferred`, `delivering` and
+    /// `held` (a state with none may be missing).
+    pub counts: Vec<(MessageState, u64)>,
+    /// Age of the oldest `queued`, `deferred` or `delivering` message, by
+    /// the store's clock; `None` when there is none.
+    pub oldest_age_ms: Option<i64>,
 }
 
 /// A message as the status API shows it: its row and its attempts.

@@ -56,6 +56,8 @@ pub struct Options {
     pub plain_addr: Option<String>,
     /// Extra environment for the daemon process (e.g. `TOKIO_WORKER_THREADS`).
     pub env: Vec<(&'static str, &'static str)>,
+    /// Global flags before `serve` (e.g. `--log-format json`).
+    pub global_args: Vec<&'static str>,
 }
 
 impl Default for Options {
@@ -75,6 +77,7 @@ impl Default for Options {
             relay: None,
             plain_addr: None,
             env: Vec::new(),
+            global_args: Vec::new(),
         }
     }
 }
@@ -93,6 +96,10 @@ pub struct Daemon {
     pub http: Option<SocketAddr>,
     pub stderr_path: PathBuf,
     pub env: Vec<(&'static str, &'static str)>,
+    /// The `[metrics]` listener, when the config has one ("smtp-once
+    /// metrics on ADDR", printed before the listening lines).
+    pub metrics: Option<SocketAddr>,
+    pub global_args: Vec<&'static str>,
 }
 
 pub fn repo_path(rel: &str) -> PathBuf {
@@ -103,19 +110,20 @@ impl Daemon {
     pub fn start(options: Options) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let text = config_text(&options, dir.path());
-        Self::with_config_env(dir, &text, options.env)
+        Self::with_config_args(dir, &text, options.env, options.global_args)
     }
 
     /// Runs the binary on `text` as its config file, in `dir`. Listener
     /// addresses in the order of the file are in `addrs`.
     pub fn with_config(dir: tempfile::TempDir, text: &str) -> Daemon {
-        Self::with_config_env(dir, text, Vec::new())
+        Self::with_config_args(dir, text, Vec::new(), Vec::new())
     }
 
-    fn with_config_env(
+    fn with_config_args(
         dir: tempfile::TempDir,
         text: &str,
         env: Vec<(&'static str, &'static str)>,
+        global_args: Vec<&'static str>,
     ) -> Daemon {
         let config_path = dir.path().join("smtp-once.toml");
         std::fs::write(&config_path, text).expect("write config");
@@ -130,6 +138,8 @@ impl Daemon {
             starttls: "127.0.0.1:1".parse().expect("addr"),
             implicit: "127.0.0.1:1".parse().expect("addr"),
             env,
+            metrics: None,
+            global_args,
         };
         d.spawn();
         d
@@ -154,6 +164,7 @@ impl Daemon {
             .open(&self.stderr_path)
             .expect("log file");
         let mut child = Command::new(BIN)
+            .args(&self.global_args)
             .args(["serve", "--config"])
             .arg(&self.config_path)
             .env("RUST_LOG", "info")
@@ -180,6 +191,9 @@ impl Daemon {
             let line = rx
                 .recv_timeout(Duration::from_secs(20))
                 .unwrap_or_else(|_| panic!("daemon did not start; log:\n{}", self.log()));
+            if let Some(rest) = line.strip_prefix("smtp-once metrics on ") {
+                self.metrics = Some(rest.trim().parse::<SocketAddr>().expect("metrics addr"));
+            }
             if let Some(rest) = line.strip_prefix("smtp-once listening on ") {
                 let addr = rest.split(' ').next().expect("addr");
                 addrs.push(addr.parse::<SocketAddr>().expect("socket addr"));

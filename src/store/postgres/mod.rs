@@ -6,6 +6,7 @@
 //! and then finds taken (E01004), and which a crashed node's dropped
 //! connection releases by itself. Times come from the database's clock.
 
+mod probe;
 mod queue;
 mod schema;
 mod status;
@@ -19,7 +20,8 @@ use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Pool, RecyclingMe
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::{
-    Acceptance, BoxFuture, CommitOutcome, LedgerEntry, NewMessage, Store, StoreError, UnixMillis,
+    Acceptance, BoxFuture, CommitOutcome, LedgerEntry, NewMessage, QueueDepth, Store, StoreError,
+    UnixMillis,
 };
 use writer::{Job, PgResult};
 
@@ -388,6 +390,21 @@ impl Store for PgStore {
                 Ok(usize::try_from(n).unwrap_or(usize::MAX))
             })
         }))
+    }
+
+    fn ready(&self) -> BoxFuture<'static, Result<(), StoreError>> {
+        // Through the writer: its connection, BEGIN, COMMIT.
+        self.submit(Job::new(false, String::new(), |c| {
+            Box::pin(probe::select_one(c))
+        }))
+    }
+
+    fn queue_depth(&self) -> BoxFuture<'static, Result<QueueDepth, StoreError>> {
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            let c = Self::reader(&pool).await?;
+            probe::queue_depth_on(&c).await
+        })
     }
 }
 

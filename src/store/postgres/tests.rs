@@ -345,3 +345,29 @@ async fn mail_queued_on_one_node_wakes_the_others() {
     assert!(commits <= 10, "{commits} commits before b woke");
     db.drop_db().await;
 }
+
+#[tokio::test]
+async fn ready_and_queue_depth_then_not_ready_once_the_database_is_gone() {
+    let db = TestDb::new().await;
+    let store = db.node("a").await;
+    store.ready().await.expect("ready");
+    assert_eq!(store.queue_depth().await.expect("depth").counts, []);
+    store
+        .commit(acceptance("Q1", Some("k"), "body"))
+        .await
+        .expect("commit");
+    let depth = store.queue_depth().await.expect("depth");
+    assert_eq!(depth.counts, [(MessageState::Queued, 1)]);
+    assert!(
+        depth
+            .oldest_age_ms
+            .is_some_and(|ms| (0..60_000).contains(&ms))
+    );
+    db.drop_db().await; // WITH (FORCE): the writer's connection is cut
+    let probe = store.ready().await;
+    assert!(
+        matches!(probe, Err(StoreError::Unavailable(_))),
+        "{probe:?}"
+    );
+    store.close();
+}

@@ -192,5 +192,7 @@ async fn apply_all(c: &ClientWrapper, jobs: &mut [Job]) -> PgResult<()> {
         let _ = c.batch_execute("ROLLBACK").await;
         return Err(e);
     }
-    c.batch_execute("COMMIT").await
+    c.batch_execute("COMMIT").await?;
+    crate::metrics::global().commit_batch(jobs.len());
+    Ok(())
 }
