@@ -335,3 +335,59 @@ async fn a_kill_after_commit_then_the_retry_gets_the_replay() {
         d.queue_ids_for_key("crash").first().map(String::as_str)
     );
 }
+
+#[tokio::test]
+async fn https_with_the_tls_certificate_and_slow_clients_are_cut_off() {
+    let d = Daemon::start(Options {
+        extra: "[http]\naddr = \"127.0.0.1:0\"\ntls = true\n\n[limits]\ncommand_time_limit = \"1s\"\nmessage_time_limit = \"2s\"\n".into(),
+        ..Options::default()
+    });
+    let api = d.http.expect("http listener");
+    let r = post("bob", Some("tls-1"), &raw_message("over tls"))
+        .send_tls(api)
+        .await;
+    assert_eq!(r.status, 202, "{r:?}");
+
+    // Headers trickled in: the connection is closed at the header deadline.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tcp = tokio::net::TcpStream::connect(api).await.expect("connect");
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let mut slow = common::tls_connector()
+        .connect(name, tcp)
+        .await
+        .expect("tls");
+    slow.write_all(b"POST /v1/messages HTTP/1.1\r\nHost: t\r\n")
+        .await
+        .expect("write");
+    let started = std::time::Instant::now();
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        slow.read_to_end(&mut buf),
+    )
+    .await;
+    assert!(closed.is_ok(), "still open after 10 s");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+
+    // A body that never finishes: 408 at the request deadline.
+    let tcp = tokio::net::TcpStream::connect(api).await.expect("connect");
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let mut slow = common::tls_connector()
+        .connect(name, tcp)
+        .await
+        .expect("tls");
+    let head = format!(
+        "POST /v1/messages HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: message/rfc822\r\nContent-Length: 1000\r\n\r\nFrom: a",
+        api_token("bob")
+    );
+    slow.write_all(head.as_bytes()).await.expect("write");
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(10), slow.read(&mut buf))
+        .await
+        .expect("answered within 10 s")
+        .expect("read");
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert_eq!(d.queue_count(), 1);
+}

@@ -7,11 +7,13 @@
 pub mod channel;
 pub mod compose;
 pub mod keys;
+mod serve;
 mod status;
 mod submit;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -119,9 +121,11 @@ pub async fn start(
             Some((hash, Arc::new(account)))
         })
         .collect();
-    if settings.tls {
-        return Err("http.tls is not supported yet: put a TLS proxy in front".into());
-    }
+    let tls = match (&config.tls, settings.tls) {
+        (Some(files), true) => Some(crate::tls::load_server_config(&files.cert, &files.key)?),
+        (None, true) => return Err("http.tls needs a [tls] section".into()),
+        _ => None,
+    };
     let api = Arc::new(Api {
         acceptor,
         keys: ApiKeys::new(accounts),
@@ -130,8 +134,25 @@ pub async fn start(
         max_recipients: config.max_recipients,
         tls: settings.tls,
     });
-    HttpServer::start(settings.addr, api).await
+    let limits = serve::Limits {
+        max_connections: config.max_connections,
+        tls_handshake_timeout: config.limits.tls_handshake_timeout,
+        // The same bound as an SMTP command line, at most 30 s.
+        header_read_timeout: config.limits.command_time_limit.min(HEADER_READ_TIMEOUT),
+    };
+    HttpServer::start(
+        settings.addr,
+        api,
+        tls,
+        limits,
+        config.limits.message_time_limit,
+    )
+    .await
 }
+
+/// A request's headers must arrive within this, however they trickle
+/// (`limits.command_time_limit` when shorter).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A running HTTP listener.
 pub struct HttpServer {
@@ -141,22 +162,35 @@ pub struct HttpServer {
 }
 
 impl HttpServer {
-    pub async fn start(addr: SocketAddr, api: Arc<Api>) -> Result<HttpServer, String> {
+    async fn start(
+        addr: SocketAddr,
+        api: Arc<Api>,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        limits: serve::Limits,
+        request_time_limit: Duration,
+    ) -> Result<HttpServer, String> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| format!("cannot listen on {addr} (http): {e}"))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        let (stop, mut stopped) = watch::channel(false);
-        let app = router(api).into_make_service_with_connect_info::<SocketAddr>();
-        let task = tokio::spawn(async move {
-            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            });
-            if let Err(e) = serve.await {
-                tracing::error!(error = %e, "HTTP listener failed");
-            }
-        });
-        tracing::info!(%addr, "HTTP API listening");
+        let (stop, stopped) = watch::channel(false);
+        // A whole request (its body read included) within the same limit
+        // as a whole SMTP message.
+        let app = router(api).layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| async move {
+                match tokio::time::timeout(request_time_limit, next.run(request)).await {
+                    Ok(response) => response,
+                    Err(_) => respond(channel::error(
+                        408,
+                        "RequestTimeout",
+                        "the request took too long to arrive",
+                    )),
+                }
+            },
+        ));
+        let secure = tls.is_some();
+        let task = tokio::spawn(serve::run(listener, app, tls, limits, stopped));
+        tracing::info!(%addr, tls = secure, "HTTP API listening");
         Ok(HttpServer { addr, stop, task })
     }
 

@@ -89,6 +89,21 @@ impl<'a> Request<'a> {
         parse(&raw)
     }
 
+    /// Over TLS, trusting the dev certificate in `certs/`.
+    pub async fn send_tls(&self, addr: SocketAddr) -> Response {
+        let tcp = TcpStream::connect(addr).await.expect("connect to the API");
+        let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+        let mut stream = super::tls_connector()
+            .connect(name, tcp)
+            .await
+            .expect("TLS handshake");
+        stream.write_all(&self.bytes()).await.expect("send request");
+        let mut raw = Vec::new();
+        // A peer may close without close_notify; what was read counts.
+        let _ = stream.read_to_end(&mut raw).await;
+        parse(&raw)
+    }
+
     /// Sends the request and closes the connection without reading.
     pub async fn send_and_vanish(&self, addr: SocketAddr) {
         let mut stream = TcpStream::connect(addr).await.expect("connect to the API");
