@@ -52,12 +52,7 @@ where
     }
 
     fn finish(self: Box<Self>, error: Option<StoreError>) {
-        let result = match (error, self.value) {
-            (Some(e), _) => Err(e),
-            (None, Some(v)) => Ok(v),
-            (None, None) => Err(StoreError::Transient("job was not applied".into())),
-        };
-        let _ = self.reply.send(result);
+        let _ = self.reply.send(crate::store::job_result(error, self.value));
     }
 }
 
