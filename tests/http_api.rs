@@ -391,3 +391,45 @@ async fn https_with_the_tls_certificate_and_slow_clients_are_cut_off() {
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert_eq!(d.queue_count(), 1);
 }
+
+/// Every error is the JSON `{"code", "message"}` shape, also those axum
+/// would answer itself: a body over the router's limit, an id that does
+/// not decode, an unknown path, a method a path does not take.
+#[tokio::test]
+async fn errors_outside_the_pipeline_are_json_too() {
+    let d = Daemon::start(Options {
+        extra: "[http]\naddr = \"127.0.0.1:0\"\n".into(),
+        max_message_size: 10_000,
+        ..Options::default()
+    });
+    let api = d.http.expect("http listener");
+    let token = api_token("alice");
+
+    // Over max_message_size plus the 64 KiB allowed for framing.
+    let huge = post("alice", None, &vec![b'a'; 100_000]).send(api).await;
+    assert_eq!(
+        (huge.status, huge.json()["code"].as_str()),
+        (413, Some("TooLarge")),
+        "{huge:?}"
+    );
+    let cases = [
+        ("GET", "/v1/messages/%FF", 400, "BadRequest"),
+        ("GET", "/v1/messages/", 404, "NotFound"),
+        ("GET", "/v1/nothing", 404, "NotFound"),
+        ("DELETE", "/v1/messages", 405, "MethodNotAllowed"),
+    ];
+    for (method, target, status, code) in cases {
+        let r = Request::new(method, target).bearer(&token).send(api).await;
+        assert_eq!(r.header("content-type"), Some("application/json"), "{r:?}");
+        assert_eq!((r.status, r.json()["code"].as_str()), (status, Some(code)));
+        if status == 405 {
+            assert_eq!(r.header("allow"), Some("POST,GET,HEAD"));
+        }
+    }
+
+    // The document it serves is the one checked in, and it is JSON.
+    let doc = Request::new("GET", "/v1/openapi.json").send(api).await;
+    assert_eq!(doc.status, 200);
+    assert_eq!(doc.json()["openapi"], "3.0.3");
+    assert!(doc.json()["paths"]["/v1/messages/{id}"]["get"].is_object());
+}

@@ -96,6 +96,16 @@ pub fn router(api: Arc<Api>) -> Router {
             "/v1/openapi.json",
             get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),
         )
+        // Errors outside the routes in the same JSON shape (axum's own are
+        // empty); 405 keeps its Allow header.
+        .method_not_allowed_fallback(|| async {
+            respond(channel::error(
+                405,
+                "MethodNotAllowed",
+                "method not allowed on this path",
+            ))
+        })
+        .fallback(|| async { respond(channel::error(404, "NotFound", "no such path")) })
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(api)
 }

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
@@ -18,12 +19,17 @@ const MAX_PAGE: usize = 500;
 
 pub async fn one(
     State(api): State<Arc<Api>>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> Response {
     let submitter = match api.authenticate(&headers) {
         Ok(s) => s,
         Err(response) => return *response,
+    };
+    // An id that does not decode (`%FF`): JSON, like every other error.
+    let id = match id {
+        Ok(Path(id)) => id,
+        Err(rejection) => return respond(error(400, "BadRequest", &rejection.body_text())),
     };
     match api.status.message_in(submitter.workspace(), &id).await {
         Ok(Some((message, attempts))) => respond(encode(200, &detail(&message, &attempts))),

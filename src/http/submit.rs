@@ -6,8 +6,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{ConnectInfo, State};
-use axum::http::{HeaderMap, Method, Uri, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::Response;
 use sha2::{Digest, Sha256};
 
@@ -25,7 +26,7 @@ pub async fn submit(
     method: Method,
     uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     // From the whole body received to the response ready.
     let started = std::time::Instant::now();
@@ -46,11 +47,32 @@ async fn handle(
     method: Method,
     uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let submitter = match api.authenticate(&headers) {
         Ok(s) => s,
         Err(response) => return *response,
+    };
+    // A body over the router's limit (the message size plus framing) is
+    // refused while it is read: answered here, in JSON, not by axum.
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return refused(
+                Outcome::Invalid,
+                channel::error(
+                    413,
+                    "TooLarge",
+                    &format!("the body is over {} bytes", api.max_message_size),
+                ),
+            );
+        }
+        Err(rejection) => {
+            return refused(
+                Outcome::Invalid,
+                channel::error(400, "BadRequest", &rejection.body_text()),
+            );
+        }
     };
     if body.len() > api.max_message_size {
         return refused(
