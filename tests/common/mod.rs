@@ -3,6 +3,8 @@
 //! real TCP and TLS (trusting the dev certificate in `certs/`).
 #![allow(dead_code)]
 
+pub mod pg;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -54,6 +56,24 @@ pub struct Options {
     pub plain_addr: Option<String>,
     /// Extra environment for the daemon process (e.g. `TOKIO_WORKER_THREADS`).
     pub env: Vec<(&'static str, &'static str)>,
+    /// Where the ledger and queue live (default: SQLite in the data
+    /// directory, or a fresh PostgreSQL database under
+    /// `SMTP_ONCE_TEST_STORE=postgres`).
+    pub store: Store,
+    /// `[server] node_id`.
+    pub node_id: Option<String>,
+}
+
+/// The store a test daemon runs on.
+#[derive(Clone, Default)]
+pub enum Store {
+    /// SQLite, or PostgreSQL when `SMTP_ONCE_TEST_STORE=postgres`.
+    #[default]
+    FromEnv,
+    /// SQLite whatever the environment says.
+    Sqlite,
+    /// This database (several daemons can share one).
+    Postgres(Arc<pg::TestDb>),
 }
 
 impl Default for Options {
@@ -73,6 +93,8 @@ impl Default for Options {
             relay: None,
             plain_addr: None,
             env: Vec::new(),
+            store: Store::FromEnv,
+            node_id: None,
         }
     }
 }
@@ -89,6 +111,8 @@ pub struct Daemon {
     pub addrs: Vec<SocketAddr>,
     pub stderr_path: PathBuf,
     pub env: Vec<(&'static str, &'static str)>,
+    /// The PostgreSQL database this daemon uses, if any (SQLite otherwise).
+    pub pg: Option<Arc<pg::TestDb>>,
 }
 
 pub fn repo_path(rel: &str) -> PathBuf {
@@ -96,10 +120,18 @@ pub fn repo_path(rel: &str) -> PathBuf {
 }
 
 impl Daemon {
-    pub fn start(options: Options) -> Daemon {
+    pub fn start(mut options: Options) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
+        if matches!(options.store, Store::FromEnv) && pg::enabled_by_env() {
+            options.store = Store::Postgres(Arc::new(pg::TestDb::create()));
+        }
         let text = config_text(&options, dir.path());
-        Self::with_config_env(dir, &text, options.env)
+        let mut d = Self::prepare(dir, &text, options.env);
+        if let Store::Postgres(db) = options.store {
+            d.pg = Some(db);
+        }
+        d.spawn();
+        d
     }
 
     /// Runs the binary on `text` as its config file, in `dir`. Listener
@@ -113,9 +145,19 @@ impl Daemon {
         text: &str,
         env: Vec<(&'static str, &'static str)>,
     ) -> Daemon {
+        let mut d = Self::prepare(dir, text, env);
+        d.spawn();
+        d
+    }
+
+    fn prepare(
+        dir: tempfile::TempDir,
+        text: &str,
+        env: Vec<(&'static str, &'static str)>,
+    ) -> Daemon {
         let config_path = dir.path().join("smtp-once.toml");
         std::fs::write(&config_path, text).expect("write config");
-        let mut d = Daemon {
+        Daemon {
             addrs: Vec::new(),
             child: None,
             stderr_path: dir.path().join("daemon.log"),
@@ -125,9 +167,8 @@ impl Daemon {
             starttls: "127.0.0.1:1".parse().expect("addr"),
             implicit: "127.0.0.1:1".parse().expect("addr"),
             env,
-        };
-        d.spawn();
-        d
+            pg: None,
+        }
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -232,7 +273,13 @@ impl Daemon {
         self.spawn();
     }
 
+    /// The SQLite database (a daemon on PostgreSQL has none: see `pg`).
     pub fn db(&self) -> rusqlite::Connection {
+        assert!(
+            self.pg.is_none(),
+            "this daemon runs on PostgreSQL ({}): use `pg` or `count`",
+            self.pg.as_ref().map_or("", |db| db.name.as_str())
+        );
         let conn =
             rusqlite::Connection::open(self.data_dir().join("smtp-once.db")).expect("open db");
         conn.busy_timeout(Duration::from_secs(10))
@@ -240,13 +287,37 @@ impl Daemon {
         conn
     }
 
+    /// The one integer of a query such as `SELECT COUNT(*) FROM ...`
+    /// (SQL that SQLite and PostgreSQL both read), on this daemon's store.
+    pub fn count(&self, sql: &str) -> i64 {
+        match &self.pg {
+            Some(db) => pg::block_on(db.count(sql)),
+            None => self
+                .db()
+                .query_row(sql, [], |r| r.get(0))
+                .unwrap_or_else(|e| panic!("{sql}: {e}")),
+        }
+    }
+
+    /// Runs SQL (statements separated by `;`) on this daemon's store.
+    pub fn execute(&self, sql: &str) {
+        match &self.pg {
+            Some(db) => pg::block_on(db.execute(sql)),
+            None => self
+                .db()
+                .execute_batch(sql)
+                .unwrap_or_else(|e| panic!("{sql}: {e}")),
+        }
+    }
+
     pub fn queue_count(&self) -> i64 {
-        self.db()
-            .query_row("SELECT COUNT(*) FROM queue", [], |r| r.get(0))
-            .expect("count")
+        self.count("SELECT COUNT(*) FROM queue")
     }
 
     pub fn queue_ids_for_key(&self, key: &str) -> Vec<String> {
+        if let Some(db) = &self.pg {
+            return pg::block_on(db.queue_ids_for_key(key));
+        }
         let db = self.db();
         let mut stmt = db
             .prepare("SELECT id FROM queue WHERE idempotency_key = ?1 ORDER BY id")
@@ -274,7 +345,8 @@ impl Drop for Daemon {
     }
 }
 
-fn config_text(o: &Options, dir: &Path) -> String {
+/// The config file `Daemon::start` writes for `o` in `dir`.
+pub fn config_text(o: &Options, dir: &Path) -> String {
     let mut users = String::new();
     for ((name, _, workspace, senders), hash) in USERS.iter().zip(user_hashes()) {
         users.push_str(&format!(
@@ -291,6 +363,15 @@ fn config_text(o: &Options, dir: &Path) -> String {
         )
     });
     let plain_addr = o.plain_addr.as_deref().unwrap_or("127.0.0.1:0");
+    let node_id = o
+        .node_id
+        .as_ref()
+        .map(|n| format!("node_id = \"{n}\"\n"))
+        .unwrap_or_default();
+    let store = match &o.store {
+        Store::Postgres(db) => db.store_section(),
+        Store::FromEnv | Store::Sqlite => String::new(),
+    };
     let trusted = o
         .trusted_network
         .map(|(cidr, ws)| format!("[[trusted_network]]\ncidr = \"{cidr}\"\nworkspace = \"{ws}\"\n"))
@@ -304,7 +385,7 @@ max_recipients = {rcpts}
 max_connections = {conns}
 command_timeout = "{timeout}"
 shutdown_grace = "10s"
-
+{node_id}
 [[listener]]
 addr = "{plain_addr}"
 tls = "none"
@@ -334,7 +415,7 @@ purge_interval = "{purge}"
 
 {relay}
 {extra}
-"#,
+{store}"#,
         data = dir.join("data").display(),
         size = o.max_message_size,
         rcpts = o.max_recipients,
