@@ -7,13 +7,14 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::Config;
+use crate::config::{Config, StoreBackend};
 use crate::delivery::queue::QueueDb;
 use crate::delivery::status::format_delivery;
 use crate::delivery::{DeliveryError, Worker};
 use crate::server::Server;
+use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::sqlite::{Inspector, SqliteStore};
-use crate::store::{MessageState, MessageStatus, now_millis};
+use crate::store::{DeliveryQueue, MessageState, MessageStatus, Store, now_millis};
 use crate::trace::rfc5322_date;
 
 #[derive(Parser, Debug)]
@@ -155,31 +156,58 @@ fn serve(path: PathBuf) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start runtime: {e}"))?;
-    let store = Arc::new(SqliteStore::open(&config.data_dir).map_err(|e| e.to_string())?);
-    tracing::info!(db = %store.db_path().display(), "ledger and queue open");
-    runtime.block_on(async {
-        // The worker first: a delivery setting that cannot work (DNS, TLS
-        // roots, outbox folder) stops the daemon before it accepts mail.
-        let worker = Worker::start(&config, store.clone())
-            .await
-            .map_err(|e| e.to_string())?;
-        let server = Server::start(&config, store.clone()).await?;
-        for (addr, listener) in server.addrs.iter().zip(&config.listeners) {
-            // A stable line on stdout that scripts and tests wait for.
-            println!("smtp-once listening on {addr} ({:?})", listener.tls);
+    tracing::info!(node_id = %config.node_id, "starting");
+    match &config.store {
+        StoreBackend::Sqlite => {
+            let store = Arc::new(SqliteStore::open(&config.data_dir).map_err(|e| e.to_string())?);
+            tracing::info!(db = %store.db_path().display(), "ledger and queue open");
+            runtime.block_on(run_node(&config, store.clone(), store.clone()))?;
+            drop(runtime);
+            match Arc::try_unwrap(store) {
+                Ok(store) => store.close(),
+                Err(_) => tracing::warn!("store still in use at exit"),
+            }
         }
-        let _ = std::io::stdout().flush();
-        wait_for_signal().await;
-        tracing::info!("stopping: finishing in-flight transactions and deliveries");
-        tokio::join!(server.shutdown(), worker.shutdown());
-        Ok::<(), String>(())
-    })?;
-    drop(runtime);
-    match Arc::try_unwrap(store) {
-        Ok(store) => store.close(),
-        Err(_) => tracing::warn!("store still in use at exit"),
+        StoreBackend::Postgres(pg) => runtime.block_on(async {
+            let store = Arc::new(
+                PgStore::open(PgOptions {
+                    url: &pg.url,
+                    pool_size: pg.pool_size,
+                    ca_file: pg.ca_file.as_deref(),
+                    node_id: &config.node_id,
+                })
+                .await
+                .map_err(|e| e.to_string())?,
+            );
+            run_node(&config, store.clone(), store.clone()).await?;
+            store.close();
+            Ok::<(), String>(())
+        })?,
     }
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// Runs the delivery worker and the server on one store until a signal.
+async fn run_node(
+    config: &Config,
+    store: Arc<dyn Store>,
+    queue: Arc<dyn DeliveryQueue>,
+) -> Result<(), String> {
+    // The worker first: a delivery setting that cannot work (DNS, TLS
+    // roots, outbox folder) stops the daemon before it accepts mail.
+    let worker = Worker::start(config, queue)
+        .await
+        .map_err(|e| e.to_string())?;
+    let server = Server::start(config, store).await?;
+    for (addr, listener) in server.addrs.iter().zip(&config.listeners) {
+        // A stable line on stdout that scripts and tests wait for.
+        println!("smtp-once listening on {addr} ({:?})", listener.tls);
+    }
+    let _ = std::io::stdout().flush();
+    wait_for_signal().await;
+    tracing::info!("stopping: finishing in-flight transactions and deliveries");
+    tokio::join!(server.shutdown(), worker.shutdown());
     Ok(())
 }
 
@@ -246,8 +274,21 @@ fn hash_password() -> Result<(), String> {
     Ok(())
 }
 
+/// The operator commands read and write the SQLite file directly.
+fn sqlite_only(config: &Config) -> Result<(), String> {
+    match config.store {
+        StoreBackend::Sqlite => Ok(()),
+        StoreBackend::Postgres(_) => Err(
+            "this command works on the SQLite store only; with backend = \"postgres\" \
+             query the queue table with psql (see docs/operations.md)"
+                .into(),
+        ),
+    }
+}
+
 fn inspector(path: &std::path::Path) -> Result<Inspector, String> {
     let config = Config::load(path).map_err(|e| e.to_string())?;
+    sqlite_only(&config)?;
     Inspector::open(&config.data_dir).map_err(|e| e.to_string())
 }
 
@@ -324,6 +365,7 @@ fn bench(args: crate::bench::BenchArgs) -> Result<(), String> {
 
 fn queue_db(path: &std::path::Path) -> Result<QueueDb, String> {
     let config = Config::load(path).map_err(|e| e.to_string())?;
+    sqlite_only(&config)?;
     QueueDb::open(&config.data_dir).map_err(|e| e.to_string())
 }
 

@@ -12,7 +12,9 @@ use serde::Deserialize;
 use crate::auth::{AuthSettings, Cidr, SenderPattern, ThrottleSettings};
 
 mod parse;
+mod store;
 use parse::{drop_repeats, parse_raw};
+pub use store::{PostgresSettings, RawStore, StoreBackend};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -50,6 +52,8 @@ pub struct RawConfig {
     pub relay: RawRelay,
     #[serde(default)]
     pub limits: RawLimits,
+    #[serde(default)]
+    pub store: RawStore,
 }
 
 /// Defences against hostile clients (docs/configuration.md). Each default is
@@ -142,6 +146,8 @@ fn default_max_mime_parts() -> usize {
 pub struct RawServer {
     pub hostname: String,
     pub data_dir: PathBuf,
+    /// Names this node in delivery leases and logs (default: host name).
+    pub node_id: Option<String>,
     #[serde(default = "default_max_message_size")]
     pub max_message_size: u64,
     #[serde(default = "default_max_recipients")]
@@ -461,6 +467,8 @@ pub struct Config {
     pub path: PathBuf,
     pub hostname: String,
     pub data_dir: PathBuf,
+    pub node_id: String,
+    pub store: StoreBackend,
     pub max_message_size: usize,
     pub max_recipients: usize,
     pub max_connections: usize,
@@ -841,12 +849,16 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
     };
     let delivery = validate_delivery(r, base, p);
     let limits = validate_limits(&raw.limits, p);
+    let store = store::validate_store(&raw.store, base, p);
+    let node_id = store::node_id(s.node_id.as_deref(), p);
     let auth = validate_auth(&raw.auth, p);
 
     Config {
         path: path.to_path_buf(),
         hostname: s.hostname.clone(),
         data_dir: resolve(base, &s.data_dir),
+        node_id,
+        store,
         max_message_size: usize::try_from(s.max_message_size).unwrap_or(usize::MAX),
         max_recipients: s.max_recipients,
         max_connections: s.max_connections,

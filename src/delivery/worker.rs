@@ -137,11 +137,19 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mu
     // While deliveries run, claim once this many workers are free rather
     // than once per finished delivery: claims go in batches.
     let batch_at = (ctx.workers / 4).max(1);
+    // Leases of running attempts are renewed at a third of their length,
+    // so a slow delivery is never claimed by another node meanwhile.
+    let renew_every = (ctx.lease / 3).max(Duration::from_millis(100));
+    let mut next_renew = tokio::time::Instant::now() + renew_every;
     while !*stop.borrow() {
         while tasks.try_join_next().is_some() {}
         if tokio::time::Instant::now() >= next_purge {
             next_purge += PURGE_EVERY;
             purge_finished(&ctx).await;
+        }
+        if tokio::time::Instant::now() >= next_renew {
+            next_renew = tokio::time::Instant::now() + renew_every;
+            renew_leases(&ctx).await;
         }
         let free = permits.available_permits();
         let busy = free < batch_at && !tasks.is_empty();
@@ -203,6 +211,7 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mu
                 _ => ctx.poll_interval,
             }
         };
+        let wait = wait.min(next_renew.saturating_duration_since(tokio::time::Instant::now()));
         tokio::select! {
             _ = tokio::time::sleep(wait.max(Duration::from_millis(10))) => {}
             _ = stop.wait_for(|s| *s) => break,
@@ -270,6 +279,18 @@ async fn retry_key_collisions(
     let retried = transport.deliver(&derived, &collided).await;
     results.retain(|r| !collided.contains(&r.recipient));
     results.extend(retried);
+}
+
+async fn renew_leases(ctx: &Arc<Ctx>) {
+    let ids = ctx.in_flight_ids();
+    if ids.is_empty() {
+        return;
+    }
+    let now = now_millis();
+    let until = now.saturating_add(millis(ctx.lease));
+    if let Err(e) = ctx.queue.renew(ids, now, until).await {
+        tracing::warn!(error = %e, "cannot renew delivery leases; retried shortly");
+    }
 }
 
 /// How often finished messages older than `relay.keep_finished` are removed.

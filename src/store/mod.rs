@@ -2,6 +2,7 @@
 //! beside SQLite: the idempotency ledger and the outbound queue, always
 //! written together.
 
+pub mod postgres;
 pub mod queue;
 pub mod queue_id;
 pub mod sqlite;

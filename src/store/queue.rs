@@ -69,6 +69,16 @@ pub trait DeliveryQueue: Send + Sync + 'static {
         outcome: AttemptOutcome,
     ) -> BoxFuture<'static, Result<Option<MessageState>, StoreError>>;
 
+    /// Extends the leases of `ids` (attempts still running here) to
+    /// `lease_until`, so a slow delivery is not started a second time
+    /// elsewhere. Returns how many were renewed.
+    fn renew(
+        &self,
+        ids: Vec<String>,
+        now: UnixMillis,
+        lease_until: UnixMillis,
+    ) -> BoxFuture<'static, Result<usize, StoreError>>;
+
     /// When the next message becomes due (an expired lease counts, except
     /// for the messages in `skip`).
     fn next_due(
@@ -76,8 +86,9 @@ pub trait DeliveryQueue: Send + Sync + 'static {
         skip: Vec<String>,
     ) -> BoxFuture<'static, Result<Option<UnixMillis>, StoreError>>;
 
-    /// Gives back every lease, due at `now`. Only when no other process can
-    /// hold one (a single node, at start and after the worker stopped).
+    /// Gives back every lease this node holds, due at `now` (at start and
+    /// after the worker stopped). On a single-node store that is every
+    /// lease.
     fn release_all(&self, now: UnixMillis) -> BoxFuture<'static, Result<usize, StoreError>>;
 
     /// Removes up to `limit` delivered, failed or expired messages (row,

@@ -260,6 +260,22 @@ impl DeliveryQueue for SqliteStore {
         }))
     }
 
+    fn renew(
+        &self,
+        ids: Vec<String>,
+        _now: UnixMillis,
+        lease_until: UnixMillis,
+    ) -> BoxFuture<'static, Result<usize, StoreError>> {
+        let ids = id_list(&ids);
+        self.submit(writer::Job::new(false, move |tx| {
+            tx.prepare_cached(
+                "UPDATE queue SET lease_until = ?1 WHERE state = 'delivering'
+                   AND instr(char(10) || ?2 || char(10), char(10) || id || char(10)) > 0",
+            )?
+            .execute(params![lease_until, ids])
+        }))
+    }
+
     fn next_due(
         &self,
         skip: Vec<String>,
