@@ -502,6 +502,94 @@ async fn delivery_over_three_nodes_survives_kill_9_of_one() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_longer_than_its_lease_is_renewed_not_taken_over() {
+    let _turn = HEAVY.lock().await;
+    let started = Instant::now();
+    let sink = Daemon::start(Options {
+        store: Store::Sqlite,
+        ..Options::default()
+    });
+    // The test pause holds the delivering node for 5 s after the sink's
+    // 250, well past the 2 s lease: only renewal keeps the other node from
+    // claiming the message and relaying it again.
+    let relay = format!(
+        "[relay]\nmode = \"smarthost\"\nsmarthost = \"{}\"\ntls = \"none\"\n\
+         username = \"bob\"\npassword = \"bob-pw\"\nlease = \"2s\"\ntimeout = \"1s\"\n\
+         poll_interval = \"50ms\"\nretry_schedule = [\"200ms\"]\n\
+         delivery_test_pause_after_send = \"5s\"\n",
+        sink.plain
+    );
+    let db = Arc::new(TestDb::create());
+    let nodes: Vec<Daemon> = (1..=2).map(|n| node(&db, n, Some(relay.clone()))).collect();
+    let mut c = Client::login(nodes[0].plain, "bob").await;
+    let r = c
+        .submit(
+            FROM,
+            &[TO],
+            &message(Some("slow-relay"), "longer than a lease"),
+        )
+        .await;
+    assert_eq!(r.code, 250, "{r:?}");
+    let id = r.queue_id().expect("queue id");
+    c.quit().await;
+
+    // Watch the lease while the delivery runs: one holder throughout,
+    // pushed forward past its first end.
+    let lease = |db: Arc<TestDb>, id: String| async move {
+        db.client()
+            .await
+            .query_opt(
+                "SELECT leased_by, lease_until FROM queue WHERE id = $1 AND state = 'delivering'",
+                &[&id],
+            )
+            .await
+            .expect("lease")
+            .map(|r| (r.get::<_, Option<String>>(0), r.get::<_, i64>(1)))
+    };
+    let (holder, first_until) = wait_for("a node to claim the message", 10, || {
+        lease(db.clone(), id.clone())
+    })
+    .await;
+    let last_until = Arc::new(std::sync::atomic::AtomicI64::new(first_until));
+    let states = wait_for("the message delivered", 20, || {
+        let (db, id, holder) = (db.clone(), id.clone(), holder.clone());
+        let last_until = last_until.clone();
+        async move {
+            match lease(db.clone(), id).await {
+                Some((by, until)) => {
+                    assert_eq!(by, holder, "the lease changed hands during the delivery");
+                    last_until.fetch_max(until, std::sync::atomic::Ordering::Relaxed);
+                    None
+                }
+                None => Some(db.states().await),
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        states.get("slow-relay").map(String::as_str),
+        Some("delivered")
+    );
+    let last_until = last_until.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "delivered by {holder:?} after {:?}; lease pushed from {first_until} to {last_until}",
+        started.elapsed()
+    );
+    assert!(
+        last_until >= first_until + 2000,
+        "the lease was renewed while delivering ({first_until} -> {last_until})"
+    );
+    let log = sink.log();
+    assert_eq!(log.matches("accepted workspace").count(), 1, "{log}");
+    assert_eq!(
+        log.matches("replayed stored reply").count(),
+        0,
+        "relayed once only: {log}"
+    );
+    assert_eq!(sink.queue_count(), 1);
+}
+
 // ------------------------------------------------------------------- d
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
