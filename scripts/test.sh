@@ -25,6 +25,6 @@ fi
 
 cargo test --all-targets "$@"
 
-# Second pass: the exactly-once tests again, each daemon on a fresh
-# PostgreSQL database instead of SQLite.
-SMTP_ONCE_TEST_STORE=postgres cargo test --test idempotency "$@"
+# Second pass: the exactly-once tests (acceptance, and kill -9 mid-relay)
+# again, each daemon on a fresh PostgreSQL database instead of SQLite.
+SMTP_ONCE_TEST_STORE=postgres cargo test --test idempotency --test relay_crash "$@"
