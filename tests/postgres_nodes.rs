@@ -85,6 +85,18 @@ async fn ids_by_key(db: &TestDb) -> HashMap<String, String> {
         .collect()
 }
 
+/// The warnings and errors in a daemon's log (the last 20), for failure
+/// messages.
+fn log_problems(log: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .filter(|l| !l.contains("test pause after send") && !l.contains("TEST ONLY"))
+        .collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
 fn assert_once_each(rows: &HashMap<String, i64>) {
     let twice: Vec<_> = rows.iter().filter(|(_, n)| **n > 1).collect();
     assert!(
@@ -205,14 +217,21 @@ async fn kill_9_of_a_node_under_load_then_every_key_retried_elsewhere() {
     // Client c submits to node c % 3 on one connection; node-1 is killed.
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
-        let addr = nodes[c % 3].plain;
+        let (addr, log) = (nodes[c % 3].plain, nodes[c % 3].stderr_path.clone());
         tasks.push(tokio::spawn(async move {
             let mut acked = HashMap::new();
             let mut client = Client::login(addr, "bob").await;
             for i in 0..PER_CLIENT {
                 match try_submit(&mut client, &msg(c, i)).await {
                     Some(r) => {
-                        assert_eq!(r.code, 250, "{}: {r:?}", key(c, i));
+                        assert_eq!(
+                            r.code,
+                            250,
+                            "{} from node-{}: {r:?}\n{}",
+                            key(c, i),
+                            c % 3 + 1,
+                            log_problems(&log)
+                        );
                         acked.insert(key(c, i), r.queue_id().expect("id"));
                     }
                     None => break,
@@ -373,14 +392,14 @@ async fn delivery_over_three_nodes_survives_kill_9_of_one() {
     // nodes relay. A client whose node dies stops there.
     let mut tasks = Vec::new();
     for (c, d) in nodes.iter().enumerate() {
-        let addr = d.plain;
+        let (addr, log) = (d.plain, d.stderr_path.clone());
         tasks.push(tokio::spawn(async move {
             let mut acked = HashSet::new();
             let mut client = Client::login(addr, "bob").await;
             for i in 0..PER_CLIENT {
                 match try_submit(&mut client, &msg(c, i)).await {
                     Some(r) => {
-                        assert_eq!(r.code, 250, "{}: {r:?}", key(c, i));
+                        assert_eq!(r.code, 250, "{}: {r:?}\n{}", key(c, i), log_problems(&log));
                         acked.insert(key(c, i));
                     }
                     None => break,
@@ -606,7 +625,12 @@ async fn terminated_backends_under_load_lose_and_double_nothing() {
         message(Some(&key(c, i)), &format!("client {c} message {i}"))
     }
     /// Submits until a 250; every other reply must be `451 ... E01033`.
-    async fn submit_through(c: &mut Client, what: &str, m: &[u8]) -> (Reply, usize) {
+    async fn submit_through(
+        c: &mut Client,
+        what: &str,
+        m: &[u8],
+        log: &std::path::Path,
+    ) -> (Reply, usize) {
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut unavailable = 0;
         loop {
@@ -618,7 +642,10 @@ async fn terminated_backends_under_load_lose_and_double_nothing() {
                     assert!(Instant::now() < deadline, "{what}: still E01033 after 20 s");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                _ => panic!("{what}: only 250 or 451 E01033 while backends die: {r:?}"),
+                _ => panic!(
+                    "{what}: only 250 or 451 E01033 while backends die: {r:?}\n{}",
+                    log_problems(log)
+                ),
             }
         }
     }
@@ -627,12 +654,12 @@ async fn terminated_backends_under_load_lose_and_double_nothing() {
     let nodes: Vec<Daemon> = (1..=2).map(|n| node(&db, n, None)).collect();
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
-        let addr = nodes[c % 2].plain;
+        let (addr, log) = (nodes[c % 2].plain, nodes[c % 2].stderr_path.clone());
         tasks.push(tokio::spawn(async move {
             let mut client = Client::login(addr, "bob").await;
             let (mut acked, mut unavailable, mut replays) = (HashMap::new(), 0, 0);
             for i in 0..PER_CLIENT {
-                let (r, n) = submit_through(&mut client, &key(c, i), &msg(c, i)).await;
+                let (r, n) = submit_through(&mut client, &key(c, i), &msg(c, i), &log).await;
                 unavailable += n;
                 replays += usize::from(r.is_replay());
                 acked.insert(key(c, i), r.queue_id().expect("id"));
