@@ -15,6 +15,20 @@
 #   postfix-hold  the same instance, every message to the hold queue
 #   haraka        Haraka 3 (npm) + benches/haraka/plugins/queue_fsync.js
 #   smtp-sink     from the postfix package: stores nothing, protocol ceiling
+# smtp-once on PostgreSQL ([store] backend = "postgres", relay paused and
+# every other setting as the smtp-once peer; not in the default PEERS:
+# benches/postgres.sh adds them; skipped with a warning when PG_URL does
+# not answer):
+#   smtp-once-pg   one node on a fresh database (created at start, dropped
+#                  at exit), counted as rows in its queue table (psql)
+#   smtp-once-pg2  two nodes (own data_dir, port and node_id each) on one
+#                  fresh database. The load is split: two `smtp-once bench`
+#                  at once, one per node, each with half the connections and
+#                  half the messages; msgs/s = all messages / the longer of
+#                  the two runs (not the sum of their rates, which would
+#                  credit the node that finished first with the time the
+#                  other still ran), p50/p90/p99/max the larger of the two
+#                  (an upper bound of the combined percentile)
 # End to end (each relays to its own smtp-sink, which dumps what it gets):
 #   smtp-once-relay  smtp-once, [relay] mode = "smarthost", tls = "none"
 #   postfix-relay    a second private Postfix instance, relayhost = its sink
@@ -37,8 +51,14 @@
 #   SIZE=4096             message size in bytes
 #   PEERS="smtp-once postfix postfix-hold haraka smtp-sink smtp-once-relay postfix-relay smtp-sink-dump"
 #   WARMUP=1000           messages per peer before round 1 (0: none)
-#   BASE_PORT=25250       peers listen on BASE_PORT+1 .. BASE_PORT+7 and +10, the
-#                         relay peers' sinks on BASE_PORT+8 and +9
+#   BASE_PORT=25250       peers listen on BASE_PORT+1 .. BASE_PORT+7, +10, +11
+#                         (smtp-once-pg), +12 and +13 (smtp-once-pg2's nodes),
+#                         the relay peers' sinks on BASE_PORT+8 and +9
+#   PG_URL=postgres://postgres@127.0.0.1:5432   the PostgreSQL server of
+#                         smtp-once-pg and -pg2, without a database name: the
+#                         script creates bench_<WORKDIR name>_pg and _pg2 there
+#                         (the role needs CREATEDB) and drops them at exit
+#   PG_POOL_SIZE=8        their [store] pool_size (connections per node)
 #   RELAY_POLL=100ms      smtp-once-relay's [relay] poll_interval
 #   SMTP_ONCE_RELAY_EXTRA=  more TOML lines for smtp-once-relay's [relay] section,
 #                         e.g. $'workers = 32\nmax_per_destination = 16'
@@ -54,7 +74,8 @@
 #   HARAKA_NODELAY=1      load benches/haraka/plugins/tcp_nodelay.js (see there)
 #   HARAKA_DIR=/tmp/smtp-once-compare-haraka   npm install of Haraka (kept, reused)
 #   WORKDIR=/tmp/smtp-once-compare             run folder (removed at exit)
-#   KEEP=1                keep WORKDIR (configs, logs, queues) after the run
+#   KEEP=1                keep WORKDIR (configs, logs, queues) and the PostgreSQL
+#                         databases after the run (the next run drops them)
 #   RESULTS=file          also write the raw per-run results (TSV) there
 #   NO_INSTALL=1          never apt-get/npm install; skip peers that are missing
 #
@@ -109,6 +130,9 @@ KEEP=${KEEP:-0}
 RESULTS=${RESULTS:-}
 NO_INSTALL=${NO_INSTALL:-0}
 SMTP_ONCE_DELIVER=${SMTP_ONCE_DELIVER:-0}
+PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
+PG_URL=${PG_URL%/}
+PG_POOL_SIZE=${PG_POOL_SIZE:-8}
 HARAKA_VERSION_SPEC=Haraka@3
 START_TIMEOUT=60      # seconds for a server to answer 220
 QUIET_TIMEOUT=180     # seconds for Postfix's queue manager to settle
@@ -118,7 +142,7 @@ warn() { printf '[compare %(%H:%M:%S)T] WARNING: %s\n' -1 "$*" >&2; }
 die() { printf '[compare %(%H:%M:%S)T] ERROR: %s\n' -1 "$*" >&2; exit 1; }
 
 is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
-for v in MESSAGES ROUNDS SIZE WARMUP BASE_PORT RELAY_TIMEOUT; do
+for v in MESSAGES ROUNDS SIZE WARMUP BASE_PORT RELAY_TIMEOUT PG_POOL_SIZE; do
   is_uint "${!v}" || die "$v must be a whole number, got '${!v}'"
 done
 [ -z "$DURATION" ] || is_uint "$DURATION" || die "DURATION must be whole seconds, got '$DURATION'"
@@ -132,11 +156,20 @@ declare -A PORT=(
   [haraka]=$((BASE_PORT + 4)) [smtp-sink]=$((BASE_PORT + 5))
   [smtp-once-relay]=$((BASE_PORT + 6)) [postfix-relay]=$((BASE_PORT + 7))
   [smtp-sink-dump]=$((BASE_PORT + 10))
+  [smtp-once-pg]=$((BASE_PORT + 11)) [smtp-once-pg2]=$((BASE_PORT + 12))
 )
+# smtp-once-pg2's second node (PORT is its first).
+declare -A PORT2=([smtp-once-pg2]=$((BASE_PORT + 13)))
 # The smtp-sink each relay peer relays to (not peers themselves).
 declare -A RELAY_SINK_PORT=([smtp-once-relay]=$((BASE_PORT + 8)) [postfix-relay]=$((BASE_PORT + 9)))
 declare -A DURABLE=([smtp-once]=yes [postfix]=yes [postfix-hold]=yes [haraka]=yes [smtp-sink]=no
-  [smtp-once-relay]=yes [postfix-relay]=yes [smtp-sink-dump]=no)
+  [smtp-once-relay]=yes [postfix-relay]=yes [smtp-sink-dump]=no
+  [smtp-once-pg]=yes [smtp-once-pg2]=yes)
+# The PostgreSQL peers' databases: named after WORKDIR, so that runs with
+# different WORKDIRs do not share one, and recorded in $WORKDIR/pg-databases
+# before they are created, so that cleanup finds them.
+pg_prefix=$(printf '%s' "$(basename "$WORKDIR")" | tr '[:upper:]' '[:lower:]' | tr -c 'a-z0-9' '_' | cut -c1-40)
+declare -A PG_DB=([smtp-once-pg]=bench_${pg_prefix}_pg [smtp-once-pg2]=bench_${pg_prefix}_pg2)
 is_relay() { [ -n "${RELAY_SINK_PORT[$1]:-}" ]; }
 for p in $PEERS; do
   [ -n "${PORT[$p]:-}" ] || die "unknown peer '$p' in PEERS (known: ${!PORT[*]})"
@@ -203,6 +236,33 @@ stop_all() { # workdir
   stop_postfix "$dir/postfix-relay"
 }
 
+# psql on one database of PG_URL's server; -X: no ~/.psqlrc.
+pg_psql() { # database psql-args...
+  local db=$1
+  shift
+  PGCONNECT_TIMEOUT=${PGCONNECT_TIMEOUT:-5} PGOPTIONS="-c client_min_messages=warning" psql "$PG_URL/$db" -X -q -t -A -v ON_ERROR_STOP=1 "$@" < /dev/null
+}
+
+# Drops the databases a run recorded in its pg-databases (after stop_all:
+# DROP ... WITH (FORCE) would end a running node's connections).
+drop_pg_databases() { # workdir
+  local f=$1/pg-databases db
+  [ -s "$f" ] || return 0
+  if ! command -v psql >/dev/null 2>&1; then
+    warn "psql is missing: cannot drop the PostgreSQL databases $(tr '\n' ' ' < "$f")"
+    return 0
+  fi
+  while read -r db; do
+    [[ $db =~ ^bench_[a-z0-9_]+$ ]] || continue
+    if pg_psql postgres -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1; then
+      log "dropped PostgreSQL database $db"
+    else
+      warn "could not drop PostgreSQL database $db on ${PG_URL#*@}"
+    fi
+  done < "$f"
+  : > "$f"
+}
+
 CLEANED=0
 WAIT_PID=""   # a relay run's relay_wait.py, while it runs
 cleanup() {
@@ -218,7 +278,9 @@ cleanup() {
     fi
     if [ "$KEEP" = 1 ]; then
       log "KEEP=1: configs, logs and queues left in $WORKDIR (sink dumps in $DUMP_DIR)"
+      [ -s "$WORKDIR/pg-databases" ] && log "KEEP=1: PostgreSQL databases left on ${PG_URL#*@}: $(tr '\n' ' ' < "$WORKDIR/pg-databases")"
     else
+      drop_pg_databases "$WORKDIR"
       log "removing $WORKDIR"
       rm -rf "$WORKDIR" ${DUMP_DIR:+"$DUMP_DIR"}
     fi
@@ -235,6 +297,7 @@ DUMP_DIR=$SINK_DUMP_DIR/smtp-once-compare-sinks.$(basename "$WORKDIR")
 if [ -d "$WORKDIR" ]; then
   log "stopping what a previous run left in $WORKDIR"
   stop_all "$WORKDIR"
+  drop_pg_databases "$WORKDIR"
   rm -rf "$WORKDIR"
 fi
 rm -rf "$DUMP_DIR"
@@ -349,11 +412,31 @@ if has_peer haraka && [ ! -f "$HARAKA_BIN" ]; then
   fi
 fi
 
+if has_peer smtp-once-pg || has_peer smtp-once-pg2; then
+  if ! command -v psql >/dev/null 2>&1; then
+    apt_install postgresql-client || true
+  fi
+  pg_reason=""
+  if ! command -v psql >/dev/null 2>&1; then
+    pg_reason="psql is not installed (apt-get install postgresql-client)"
+  elif ! pg_err=$(pg_psql postgres -c 'SELECT 1' 2>&1 >/dev/null); then
+    pg_reason="PostgreSQL does not answer at ${PG_URL#*@} (set PG_URL): $(printf '%s' "$pg_err" | tr '\n' ' ' | cut -c1-200)"
+  fi
+  if [ -n "$pg_reason" ]; then
+    for p in smtp-once-pg smtp-once-pg2; do
+      has_peer "$p" && skip_peer "$p" "$pg_reason"
+    done
+  fi
+fi
+
 ACTIVE=$(echo $ACTIVE)   # trim
 [ -n "$ACTIVE" ] || die "no peer left to run"
 
 for p in $ACTIVE; do
   port_free "${PORT[$p]}" || die "127.0.0.1:${PORT[$p]} (for $p) is already in use: set BASE_PORT"
+  if [ -n "${PORT2[$p]:-}" ]; then
+    port_free "${PORT2[$p]}" || die "127.0.0.1:${PORT2[$p]} (for $p's second node) is already in use: set BASE_PORT"
+  fi
   if is_relay "$p"; then
     port_free "${RELAY_SINK_PORT[$p]}" || die "127.0.0.1:${RELAY_SINK_PORT[$p]} (for $p's sink) is already in use: set BASE_PORT"
   fi
@@ -366,8 +449,10 @@ VERSIONS=()
 if [ "$SMTP_ONCE_DELIVER" = 1 ]; then so_mode="delivering to its file outbox during the run"; else so_mode="queue only: delivery worker idle during the run"; fi
 has_peer smtp-once && VERSIONS+=("smtp-once $("$BIN" --version 2>/dev/null | awk '{print $NF}') ($so_mode)")
 
-start_smtp_once() {
-  local d=$WORKDIR/smtp-once
+# The accept-only smtp-once's config, also the PostgreSQL nodes' (which add
+# server.node_id and a [store] section).
+write_smtp_once_toml() { # dir hostname port [more [server] lines] [more sections]
+  local d=$1 host=$2 port=$3 server_extra=${4:-} sections=${5:-}
   mkdir -p "$d/data" "$d/outbox"
   local relay_extra=""
   if [ "$SMTP_ONCE_DELIVER" != 1 ]; then
@@ -377,13 +462,14 @@ start_smtp_once() {
   cat > "$d/smtp-once.toml" <<EOF
 # Written by benches/compare.sh
 [server]
-hostname = "smtp-once.bench.test"
+hostname = "$host"
 data_dir = "$d/data"
 max_connections = 1000
 shutdown_grace = "5s"
+$server_extra
 
 [[listener]]
-addr = "127.0.0.1:${PORT[smtp-once]}"
+addr = "127.0.0.1:$port"
 tls = "none"
 
 [[trusted_network]]
@@ -394,10 +480,42 @@ workspace = "bench"
 mode = "file"
 dir = "$d/outbox"
 $relay_extra
+$sections
 EOF
-  "$BIN" check-config --config "$d/smtp-once.toml" >&2 || return 1
+  "$BIN" check-config --config "$d/smtp-once.toml" >&2
+}
+
+start_smtp_once() {
+  local d=$WORKDIR/smtp-once
+  write_smtp_once_toml "$d" smtp-once.bench.test "${PORT[smtp-once]}" || return 1
   start_bg smtp-once "$d/server.log" "$BIN" serve --config "$d/smtp-once.toml"
   wait_smtp smtp-once "${PORT[smtp-once]}" "$BG_PID" "$d/server.log"
+}
+
+# smtp-once-pg (one node) and smtp-once-pg2 (two): a fresh database, then
+# the nodes one after the other (the first creates the schema), each with
+# its own data_dir, outbox, port and node_id.
+start_smtp_once_pg() { # peer nodes
+  local peer=$1 nodes=$2 db=${PG_DB[$1]} i d port
+  echo "$db" >> "$WORKDIR/pg-databases"
+  log "creating PostgreSQL database $db on ${PG_URL#*@}"
+  pg_psql postgres -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" -c "CREATE DATABASE \"$db\"" >&2 || return 1
+  for i in $(seq 1 "$nodes"); do
+    d=$WORKDIR/$peer/node-$i
+    if [ "$i" = 1 ]; then port=${PORT[$peer]}; else port=${PORT2[$peer]}; fi
+    write_smtp_once_toml "$d" "$peer-$i.bench.test" "$port" "node_id = \"$peer-node-$i\"" \
+      "$(printf '[store]\nbackend = "postgres"\nurl = "%s"\npool_size = %s' "$PG_URL/$db" "$PG_POOL_SIZE")" || return 1
+    start_bg "$peer-node-$i" "$d/server.log" "$BIN" serve --config "$d/smtp-once.toml"
+    wait_smtp "$peer node $i" "$port" "$BG_PID" "$d/server.log" || return 1
+  done
+  local pgv pgset
+  pgv=$(pg_psql postgres -c 'SHOW server_version' 2>/dev/null | awk '{print $1}')
+  pgset=$(pg_psql postgres -F ' = ' -c "SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit') ORDER BY name" 2>/dev/null | paste -sd, - | sed 's/,/, /g')
+  if [ "$nodes" = 1 ]; then
+    VERSIONS+=("smtp-once-pg: the same binary, [store] backend = \"postgres\" (PostgreSQL $pgv at ${PG_URL#*@}${pgset:+, $pgset}, pool_size $PG_POOL_SIZE), one node ($so_mode)")
+  else
+    VERSIONS+=("smtp-once-pg2: $nodes such nodes on one database, the load split between them (each node half the connections and half the messages; msgs/s = all messages / the longer run, p99 = the larger)")
+  fi
 }
 
 PF=$WORKDIR/postfix
@@ -518,6 +636,8 @@ start_postfix_relay() {
 }
 
 has_peer smtp-once && { start_smtp_once || die "smtp-once did not start (log: $WORKDIR/smtp-once/server.log; KEEP=1 keeps it)"; }
+has_peer smtp-once-pg && { start_smtp_once_pg smtp-once-pg 1 || die "smtp-once-pg did not start (log: $WORKDIR/smtp-once-pg/node-1/server.log; KEEP=1 keeps it)"; }
+has_peer smtp-once-pg2 && { start_smtp_once_pg smtp-once-pg2 2 || die "smtp-once-pg2 did not start (logs: $WORKDIR/smtp-once-pg2/node-*/server.log; KEEP=1 keeps them)"; }
 if has_peer postfix || has_peer postfix-hold; then
   if start_postfix; then
     has_peer postfix-hold && { wait_smtp postfix-hold "${PORT[postfix-hold]}" "" "$PF/maillog" || skip_peer postfix-hold "its smtpd does not answer"; }
@@ -583,6 +703,8 @@ EOF
     postfix) postfix_settle; postfix_queue_files incoming active deferred ;;
     postfix-hold) postfix_settle; postfix_queue_files hold ;;
     haraka) find "$HK/spool" -maxdepth 1 -type f -name '*.eml' | wc -l ;;
+    # Every node's rows: the queue table of the peer's database.
+    smtp-once-pg|smtp-once-pg2) pg_psql "${PG_DB[$1]}" -c 'SELECT COUNT(*) FROM queue' ;;
     *) echo - ;;
   esac
 }
@@ -606,6 +728,60 @@ declare -A RELAYED_TOTAL
 for p in $ACTIVE; do RELAYED_TOTAL[$p]=0; done
 CLK_TCK=$(getconf CLK_TCK)
 
+# smtp-once-pg2's load: two `smtp-once bench` at once, one per node, each
+# with half the connections and half the messages (the first gets the odd
+# one), and one report of both on stdout: messages and replies summed,
+# seconds the longer run's, msgs/s all messages / that, each latency
+# percentile the larger of the two (an upper bound of the combined one).
+bench_split() { # peer conns round (-n N | --duration S)
+  local peer=$1 c=$2 round=$3 mode=$4 n=$5 err=$WORKDIR/bench-$1.err
+  local c1=$(( (c + 1) / 2 )) c2=$(( c / 2 )) n1=$5 n2=$5 pid1 pid2 rc1=0 rc2=0
+  if [ "$c2" -lt 1 ]; then
+    echo "$peer: $c connection(s) cannot be split between two nodes" >> "$err"
+    return 2
+  fi
+  if [ "$mode" = -n ]; then
+    n1=$(( (n + 1) / 2 )) n2=$(( n / 2 ))
+    if [ "$n2" -lt 1 ]; then
+      echo "$peer: $n message(s) cannot be split between two nodes" >> "$err"
+      return 2
+    fi
+  fi
+  "$BIN" bench --server "127.0.0.1:${PORT[$peer]}" -c "$c1" "$mode" "$n1" --size "$SIZE" --json --quiet \
+    > "$WORKDIR/$peer.node-1.json" 2>> "$err" &
+  pid1=$!
+  "$BIN" bench --server "127.0.0.1:${PORT2[$peer]}" -c "$c2" "$mode" "$n2" --size "$SIZE" --json --quiet \
+    > "$WORKDIR/$peer.node-2.json" 2>> "$err" &
+  pid2=$!
+  wait "$pid1" || rc1=$?
+  wait "$pid2" || rc2=$?
+  if [ "$rc1" -ne 0 ] || [ "$rc2" -ne 0 ]; then
+    echo "$peer: bench exit status node 1: $rc1, node 2: $rc2" >> "$err"
+    return 1
+  fi
+  python3 - "$WORKDIR/$peer.node-1.json" "$WORKDIR/$peer.node-2.json" <<'EOF'
+import json, sys, time
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+msgs = a["messages"] + b["messages"]
+secs = max(a["seconds"], b["seconds"])
+replies = {}
+for r in (a, b):
+    for k, v in r.get("replies", {}).items():
+        replies[k] = replies.get(k, 0) + v
+lat = {k: max(a["latency_ms"][k], b["latency_ms"][k]) for k in ("p50", "p90", "p99", "max")}
+sys.stderr.write(
+    "[compare %s] smtp-once-pg2 split: node 1 %d msgs in %.3f s (%.0f/s, p99 %.2f ms), "
+    "node 2 %d msgs in %.3f s (%.0f/s, p99 %.2f ms)\n"
+    % (time.strftime("%H:%M:%S"), a["messages"], a["seconds"], a["msgs_per_sec"], a["latency_ms"]["p99"],
+       b["messages"], b["seconds"], b["msgs_per_sec"], b["latency_ms"]["p99"]))
+print(json.dumps({
+    "messages": msgs, "seconds": secs, "msgs_per_sec": msgs / secs if secs > 0 else 0.0,
+    "latency_ms": lat, "replies": replies,
+    "errors": a.get("errors", 0) + b.get("errors", 0), "nodes": [a, b],
+}))
+EOF
+}
+
 bench_one() { # peer conns round count
   local peer=$1 c=$2 round=$3 count=$4 before after j0 j1 out rc line acked stored
   local -a load
@@ -617,8 +793,12 @@ bench_one() { # peer conns round count
   before=$(stored_count "$peer")
   j0=$(cpu_busy_jiffies)
   rc=0
-  out=$("$BIN" bench --server "127.0.0.1:${PORT[$peer]}" -c "$c" "${load[@]}" --size "$SIZE" --json --quiet \
-          2>> "$WORKDIR/bench-$peer.err") || rc=$?
+  if [ "$peer" = smtp-once-pg2 ]; then
+    out=$(bench_split "$peer" "$c" "$round" "${load[@]}") || rc=$?
+  else
+    out=$("$BIN" bench --server "127.0.0.1:${PORT[$peer]}" -c "$c" "${load[@]}" --size "$SIZE" --json --quiet \
+            2>> "$WORKDIR/bench-$peer.err") || rc=$?
+  fi
   j1=$(cpu_busy_jiffies)
   [ "$peer" = smtp-sink-dump ] && : > "$DUMP_DIR/smtp-sink-dump.dump"
   if [ "$rc" -ne 0 ]; then
@@ -817,6 +997,11 @@ EOF
 )
   VERIFY+=("smtp-once queue by state: $states; $(find "$WORKDIR/smtp-once/outbox" -type f | wc -l) files in its relay outbox (SMTP_ONCE_DELIVER=$SMTP_ONCE_DELIVER)")
 fi
+for p in smtp-once-pg smtp-once-pg2; do
+  has_peer "$p" || continue
+  states=$(pg_psql "${PG_DB[$p]}" -F ' ' -c 'SELECT COUNT(*), state FROM queue GROUP BY state ORDER BY 1 DESC' | paste -sd, - | sed 's/,/, /g')
+  VERIFY+=("$p queue by state (database ${PG_DB[$p]}): ${states:-empty}; $(find "$WORKDIR/$p" -path '*/outbox/*' -type f | wc -l) files in its nodes' relay outboxes")
+done
 if has_peer postfix || has_peer postfix-hold; then
   # Postfix's own view of its queue, as a cross-check of the file count.
   pq=$(postqueue -c "$PF/etc" -p 2>/dev/null | tail -n 1 || true)

@@ -11,10 +11,11 @@ use crate::config::{Config, StoreBackend};
 use crate::delivery::queue::QueueDb;
 use crate::delivery::status::format_delivery;
 use crate::delivery::{DeliveryError, Worker};
+use crate::metrics_http::MetricsServer;
 use crate::server::Server;
 use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::sqlite::{Inspector, SqliteStore};
-use crate::store::{DeliveryQueue, MessageState, MessageStatus, Store, now_millis};
+use crate::store::{DeliveryQueue, MessageState, MessageStatus, StatusReader, Store, now_millis};
 use crate::trace::rfc5322_date;
 
 #[derive(Parser, Debug)]
@@ -24,8 +25,18 @@ use crate::trace::rfc5322_date;
     about = "SMTP submission relay with exactly-once acceptance"
 )]
 pub struct Cli {
+    /// Log lines on stderr as text (default) or one JSON object per line,
+    /// for log shippers (journald, Loki, Vector...).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -42,6 +53,9 @@ pub enum Command {
     },
     /// Read a password on stdin and print its argon2id PHC string.
     HashPassword,
+    /// Make an HTTP API key: prints the token once (give it to the
+    /// application) and the `api_key_hash` line for the account's [[user]].
+    NewApiKey,
     /// Show one message's state, attempts and last error.
     Status {
         #[arg(long, short)]
@@ -102,9 +116,15 @@ pub enum Command {
 
 pub fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
-        Command::Serve { config } => serve(config),
+        Command::Serve { config } => serve(config, cli.log_format),
         Command::CheckConfig { config } => check_config(config),
         Command::HashPassword => hash_password(),
+        Command::NewApiKey => {
+            let (token, hash) = crate::http::keys::new_token();
+            println!("token (shown once; the config keeps only its hash):\n  {token}");
+            println!("add to the account's [[user]] section:\n  api_key_hash = \"{hash}\"");
+            Ok(())
+        }
         Command::Status { config, queue_id } => status(config, &queue_id),
         Command::Queue {
             config,
@@ -131,18 +151,28 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
-fn init_logging() {
+fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+        // One object per line: timestamp, level, target, and the event's
+        // fields (message included) at the top level.
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init(),
+    };
 }
 
-fn serve(path: PathBuf) -> Result<(), String> {
-    init_logging();
+fn serve(path: PathBuf, log_format: LogFormat) -> Result<(), String> {
+    init_logging(log_format);
     let config = Config::load(&path).map_err(|e| e.to_string())?;
     match crate::fd_limit::raise_to_hard_limit() {
         Ok(limit) => {
@@ -161,7 +191,7 @@ fn serve(path: PathBuf) -> Result<(), String> {
         StoreBackend::Sqlite => {
             let store = Arc::new(SqliteStore::open(&config.data_dir).map_err(|e| e.to_string())?);
             tracing::info!(db = %store.db_path().display(), "ledger and queue open");
-            runtime.block_on(run_node(&config, store.clone(), store.clone()))?;
+            runtime.block_on(run_node(&config, store.clone()))?;
             drop(runtime);
             match Arc::try_unwrap(store) {
                 Ok(store) => store.close(),
@@ -179,7 +209,7 @@ fn serve(path: PathBuf) -> Result<(), String> {
                 .await
                 .map_err(|e| e.to_string())?,
             );
-            run_node(&config, store.clone(), store.clone()).await?;
+            run_node(&config, store.clone()).await?;
             store.close();
             Ok::<(), String>(())
         })?,
@@ -189,25 +219,55 @@ fn serve(path: PathBuf) -> Result<(), String> {
 }
 
 /// Runs the delivery worker and the server on one store until a signal.
-async fn run_node(
+async fn run_node<S: Store + DeliveryQueue + StatusReader>(
     config: &Config,
-    store: Arc<dyn Store>,
-    queue: Arc<dyn DeliveryQueue>,
+    store: Arc<S>,
 ) -> Result<(), String> {
     // The worker first: a delivery setting that cannot work (DNS, TLS
     // roots, outbox folder) stops the daemon before it accepts mail.
-    let worker = Worker::start(config, queue)
+    let worker = Worker::start(config, store.clone())
         .await
         .map_err(|e| e.to_string())?;
-    let server = Server::start(config, store).await?;
+    let metrics = match config.metrics {
+        Some(addr) => Some(
+            MetricsServer::start(addr, store.clone())
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        None => None,
+    };
+    let acceptor = Arc::new(crate::server::acceptor(config, store.clone())?);
+    let http = match &config.http {
+        Some(settings) => {
+            Some(crate::http::start(config, settings, acceptor.clone(), store.clone()).await?)
+        }
+        None => None,
+    };
+    let server = Server::start(config, store, acceptor).await?;
+    if let Some(metrics) = &metrics {
+        // Before the listening lines, which tests and scripts wait for.
+        println!("smtp-once metrics on {}", metrics.addr);
+    }
     for (addr, listener) in server.addrs.iter().zip(&config.listeners) {
         // A stable line on stdout that scripts and tests wait for.
         println!("smtp-once listening on {addr} ({:?})", listener.tls);
     }
+    if let Some(http) = &http {
+        println!("smtp-once http on {}", http.addr);
+    }
     let _ = std::io::stdout().flush();
     wait_for_signal().await;
     tracing::info!("stopping: finishing in-flight transactions and deliveries");
-    tokio::join!(server.shutdown(), worker.shutdown());
+    let http_stopped = async {
+        if let Some(http) = http {
+            http.shutdown().await;
+        }
+    };
+    tokio::join!(server.shutdown(), worker.shutdown(), http_stopped);
+    // Last, so /readyz and /metrics see the whole shutdown.
+    if let Some(metrics) = metrics {
+        metrics.shutdown().await;
+    }
     Ok(())
 }
 

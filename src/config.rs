@@ -11,8 +11,10 @@ use serde::Deserialize;
 
 use crate::auth::{AuthSettings, Cidr, SenderPattern, ThrottleSettings};
 
+mod http;
 mod parse;
 mod store;
+pub use http::{HttpSettings, RawHttp};
 use parse::{drop_repeats, parse_raw};
 pub use store::{PostgresSettings, RawStore, StoreBackend};
 
@@ -54,6 +56,16 @@ pub struct RawConfig {
     pub limits: RawLimits,
     #[serde(default)]
     pub store: RawStore,
+    pub http: Option<RawHttp>,
+    /// No section: no metrics listener.
+    pub metrics: Option<RawMetrics>,
+}
+
+/// `[metrics]`: the listener for /metrics, /healthz and /readyz.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMetrics {
+    pub addr: String,
 }
 
 /// Defences against hostile clients (docs/configuration.md). Each default is
@@ -258,6 +270,8 @@ pub struct RawUser {
     pub workspace: String,
     #[serde(default)]
     pub allowed_senders: Option<Vec<String>>,
+    /// SHA-256 of the account's HTTP API token (`smtp-once new-api-key`).
+    pub api_key_hash: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -469,6 +483,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub node_id: String,
     pub store: StoreBackend,
+    /// `[http]`: the HTTP API listener, if any.
+    pub http: Option<HttpSettings>,
     pub max_message_size: usize,
     pub max_recipients: usize,
     pub max_connections: usize,
@@ -489,6 +505,8 @@ pub struct Config {
     pub relay: Relay,
     pub delivery: Delivery,
     pub limits: Limits,
+    /// `[metrics] addr`; `None` without the section.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Deepest `limits.max_mime_depth` allowed: the parse threads' stacks are
@@ -568,6 +586,8 @@ pub struct User {
     pub workspace: String,
     /// `None`: any sender.
     pub allowed_senders: Option<Vec<SenderPattern>>,
+    /// SHA-256 of the HTTP API token, if the account may use the API.
+    pub api_key_hash: Option<[u8; 32]>,
 }
 
 #[derive(Debug, Clone)]
@@ -758,11 +778,25 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
                 })
                 .collect()
         });
+        let api_key_hash = u.api_key_hash.as_deref().and_then(|h| {
+            http::parse_api_key_hash(h)
+                .map_err(|e| p.add(format!("user[{i}].api_key_hash"), e))
+                .ok()
+        });
+        if let Some(hash) = api_key_hash
+            && users.iter().any(|o: &User| o.api_key_hash == Some(hash))
+        {
+            p.add(
+                format!("user[{i}].api_key_hash"),
+                "the same API key is given to another user",
+            );
+        }
         users.push(User {
             name: u.name.clone(),
             password_hash: u.password_hash.clone(),
             workspace: u.workspace.clone(),
             allowed_senders,
+            api_key_hash,
         });
     }
 
@@ -850,8 +884,19 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
     let delivery = validate_delivery(r, base, p);
     let limits = validate_limits(&raw.limits, p);
     let store = store::validate_store(&raw.store, base, p);
+    let http = http::validate_http(raw.http.as_ref(), raw.tls.is_some(), p);
     let node_id = store::node_id(s.node_id.as_deref(), p);
     let auth = validate_auth(&raw.auth, p);
+    let metrics = raw.metrics.as_ref().and_then(|m| {
+        let addr = m.addr.parse::<SocketAddr>();
+        if addr.is_err() {
+            p.add(
+                "metrics.addr",
+                format!("{:?} is not an address like 127.0.0.1:9187", m.addr),
+            );
+        }
+        addr.ok()
+    });
 
     Config {
         path: path.to_path_buf(),
@@ -859,6 +904,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         data_dir: resolve(base, &s.data_dir),
         node_id,
         store,
+        http,
         max_message_size: usize::try_from(s.max_message_size).unwrap_or(usize::MAX),
         max_recipients: s.max_recipients,
         max_connections: s.max_connections,
@@ -878,6 +924,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         relay,
         delivery,
         limits,
+        metrics,
     }
 }
 

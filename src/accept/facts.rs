@@ -3,13 +3,16 @@
 //! whole content and costs CPU in proportion to its size, so none of it runs
 //! on an async worker.
 
+use sha2::{Digest, Sha256};
+
 use crate::idempotency::fingerprint::{Fingerprint, fingerprint_checked};
-use crate::idempotency::key::{KeyError, extract_key};
+use crate::idempotency::key::{KeyError, MAX_KEY_CHARS, extract_key};
 use crate::idempotency::mime_limits::{self, MimeLimitError, MimeLimits};
 use crate::idempotency::volatile::VolatileHeaders;
 use crate::smtp::reply::Reply;
 use crate::smtp::session::Submission;
 
+use super::channel::KeySource;
 use super::from_header::{self, FromError};
 
 /// What decides the path through the acceptance pipeline.
@@ -34,15 +37,23 @@ pub struct Facts {
 }
 
 impl Facts {
-    pub fn of(sub: &Submission, limits: &MimeLimits, volatile: &VolatileHeaders) -> Facts {
-        let verdict = match extract_key(&sub.content) {
+    pub fn of(
+        sub: &Submission,
+        source: &KeySource,
+        limits: &MimeLimits,
+        volatile: &VolatileHeaders,
+    ) -> Facts {
+        let verdict = match key_of(sub, source) {
             Err(e) => Verdict::BadKey(e),
             Ok(key) => match (mime_limits::check(&sub.content, limits), key) {
                 (Err(error), key) => Verdict::OverLimits { error, key },
                 (Ok(_), None) => Verdict::Unkeyed,
                 (Ok(within), Some(key)) => Verdict::Keyed(
                     key,
-                    fingerprint_checked(&sub.reverse_path, &sub.recipients, &within, volatile),
+                    identity(
+                        source,
+                        fingerprint_checked(&sub.reverse_path, &sub.recipients, &within, volatile),
+                    ),
                 ),
             },
         };
@@ -56,12 +67,52 @@ impl Facts {
 /// The fingerprint with every header value counting, as stored before
 /// volatile headers existed (or under `volatile_headers = []`). `None` if
 /// the content is over the limits (it passed them once, so never here).
-pub fn strict_fingerprint(sub: &Submission, limits: &MimeLimits) -> Option<Fingerprint> {
+pub fn strict_fingerprint(
+    sub: &Submission,
+    source: &KeySource,
+    limits: &MimeLimits,
+) -> Option<Fingerprint> {
     let within = mime_limits::check(&sub.content, limits).ok()?;
-    Some(fingerprint_checked(
-        &sub.reverse_path,
-        &sub.recipients,
-        &within,
-        &VolatileHeaders::none(),
+    Some(identity(
+        source,
+        fingerprint_checked(
+            &sub.reverse_path,
+            &sub.recipients,
+            &within,
+            &VolatileHeaders::none(),
+        ),
     ))
+}
+
+fn key_of(sub: &Submission, source: &KeySource) -> Result<Option<String>, KeyError> {
+    match source {
+        KeySource::MessageHeader => extract_key(&sub.content),
+        KeySource::Request { key, .. } => {
+            let Some(key) = key.as_deref().map(str::trim).filter(|k| !k.is_empty()) else {
+                return Ok(None);
+            };
+            let chars = key.chars().count();
+            if chars > MAX_KEY_CHARS {
+                return Err(KeyError::TooLong(chars));
+            }
+            Ok(Some(key.to_owned()))
+        }
+    }
+}
+
+/// An HTTP request's identity is its request line with the message's
+/// fingerprint: the same message sent to another path, with other query
+/// parameters, or over SMTP under the same key is a different request.
+fn identity(source: &KeySource, message: Fingerprint) -> Fingerprint {
+    match source {
+        KeySource::MessageHeader => message,
+        KeySource::Request { line, body, .. } => {
+            let mut h = Sha256::new();
+            h.update(b"smtp-once http request\0");
+            h.update(line.as_bytes());
+            h.update(b"\0");
+            h.update(body.unwrap_or(message));
+            h.finalize().into()
+        }
+    }
 }

@@ -8,6 +8,7 @@
 //! `From:` check: [`facts`]) runs first, on the [`pool`]'s threads, never on
 //! an async worker (except for small messages, see [`INLINE_MAX`]).
 
+pub mod channel;
 mod facts;
 pub mod from_header;
 pub mod pool;
@@ -17,11 +18,12 @@ use std::time::Duration;
 
 use crate::config::Limits;
 use crate::idempotency::claims::Claims;
-use crate::idempotency::decision::{Decision, conflict_reply, decide, replay_reply};
+use crate::idempotency::decision::{Decision, decide};
 use crate::idempotency::fingerprint::Fingerprint;
 use crate::idempotency::key_hash;
 use crate::idempotency::mime_limits::MimeLimits;
 use crate::idempotency::volatile::VolatileHeaders;
+use crate::metrics::{self, Outcome};
 use crate::smtp::reply::Reply;
 use crate::smtp::session::Submission;
 use crate::store::{
@@ -29,6 +31,7 @@ use crate::store::{
     UnixMillis, now_millis, queue_id,
 };
 use crate::trace::received_header;
+use channel::{Channel, KeySource, Smtp};
 
 use facts::{Facts, Verdict, strict_fingerprint};
 use from_header::FromError;
@@ -87,40 +90,57 @@ impl Acceptor {
         &self.claims
     }
 
-    /// Returns the complete reply (CRLF-terminated lines) for the message.
+    /// Returns the complete SMTP reply (CRLF-terminated lines) for the
+    /// message.
     pub async fn accept(&self, sub: Submission) -> Vec<u8> {
+        self.accept_via(sub, &Smtp, KeySource::MessageHeader).await
+    }
+
+    /// The same pipeline for any channel: `channel` words the answer and
+    /// `source` says where the key is.
+    pub async fn accept_via(
+        &self,
+        sub: Submission,
+        channel: &dyn Channel,
+        source: KeySource,
+    ) -> Vec<u8> {
+        let (reply, outcome) = self.run(sub, channel, source).await;
+        metrics::global().submission(channel.metric(), outcome);
+        reply
+    }
+
+    async fn run(
+        &self,
+        sub: Submission,
+        channel: &dyn Channel,
+        source: KeySource,
+    ) -> (Vec<u8>, Outcome) {
         let workspace = sub.submitter.workspace().to_owned();
         let peer = sub.peer;
         let limits = self.mime_limits;
         let looked_at = if sub.content.len() <= INLINE_MAX {
-            let facts = Facts::of(&sub, &limits, &self.volatile);
-            Ok((sub, facts))
+            let facts = Facts::of(&sub, &source, &limits, &self.volatile);
+            Ok((sub, source, facts))
         } else {
             let volatile = Arc::clone(&self.volatile);
             self.pool
                 .run(move || {
-                    let facts = Facts::of(&sub, &limits, &volatile);
-                    (sub, facts)
+                    let facts = Facts::of(&sub, &source, &limits, &volatile);
+                    (sub, source, facts)
                 })
                 .await
         };
-        let (sub, facts) = match looked_at {
+        let (sub, source, facts) = match looked_at {
             Ok(done) => done,
             Err(e) => {
                 tracing::error!(%workspace, %peer, error = %e, "not accepted: message analysis failed");
-                return Reply::new(
-                    451,
-                    "4.3.0",
-                    "Temporary failure analysing the message: not accepted, retry",
-                )
-                .to_bytes();
+                return (channel.analysis_failed(), Outcome::Unavailable);
             }
         };
         let (key, fingerprint) = match facts.verdict {
             Verdict::BadKey(e) => {
                 tracing::info!(%workspace, %peer, error = %e, "rejected E01001");
-                return Reply::new(554, "5.6.0", &format!("E01001 ValidationError: {e}"))
-                    .to_bytes();
+                return (channel.bad_key(&e), Outcome::Invalid);
             }
             // Not stored under the key: the refusal depends only on the
             // bytes and the limits, so an identical retry gets it again, and
@@ -128,20 +148,17 @@ impl Acceptor {
             Verdict::OverLimits { error, key } => {
                 let key = key.map_or_else(|| "-".to_owned(), |k| key_hash(&workspace, &k));
                 tracing::info!(%workspace, %key, %peer, %error, "refused: MIME limits");
-                return Reply::new(
-                    554,
-                    "5.6.0",
-                    &format!("Message refused: {error} (server limit)"),
-                )
-                .to_bytes();
+                return (channel.over_limits(&error), Outcome::Invalid);
             }
-            Verdict::Unkeyed => return self.execute(sub, None, facts.from_rejection).await,
+            Verdict::Unkeyed => {
+                return self.execute(sub, channel, None, facts.from_rejection).await;
+            }
             Verdict::Keyed(key, fingerprint) => (key, fingerprint),
         };
         let hash = key_hash(&workspace, &key);
         let Some(_claim) = self.claims.try_claim(&workspace, &key) else {
             tracing::info!(%workspace, key = %hash, "refused E01004: key in progress");
-            return in_progress_reply();
+            return (channel.in_progress(), Outcome::InProgress);
         };
         let keyed = Keyed {
             fingerprint,
@@ -156,31 +173,34 @@ impl Acceptor {
             Ok(existing) => existing,
             Err(e) => {
                 tracing::error!(%workspace, key = %keyed.hash, error = %e, "refused E01033: ledger unavailable");
-                return unavailable_reply();
+                return (channel.unavailable(), Outcome::Unavailable);
             }
         };
         match decide(existing.as_ref(), &keyed.fingerprint) {
-            Decision::Execute => self.execute(sub, Some(keyed), facts.from_rejection).await,
+            Decision::Execute => {
+                self.execute(sub, channel, Some(keyed), facts.from_rejection)
+                    .await
+            }
             Decision::Replay(entry) => {
                 tracing::info!(
                     %workspace, key = %keyed.hash, queue_id = entry.queue_id.as_deref().unwrap_or("-"),
                     "replayed stored reply"
                 );
-                replay_reply(&entry.reply)
+                (channel.replay(&entry.reply), Outcome::Replayed)
             }
             Decision::Conflict(entry) => {
-                if self.matches_strictly(sub, &entry.fingerprint).await {
+                if self.matches_strictly(sub, source, &entry.fingerprint).await {
                     tracing::info!(
                         %workspace, key = %keyed.hash, queue_id = entry.queue_id.as_deref().unwrap_or("-"),
                         "replayed stored reply (entry stored with every header value counting)"
                     );
-                    return replay_reply(&entry.reply);
+                    return (channel.replay(&entry.reply), Outcome::Replayed);
                 }
                 tracing::info!(
                     %workspace, key = %keyed.hash, queue_id = entry.queue_id.as_deref().unwrap_or("-"),
                     "refused E01005: key reused for a different message"
                 );
-                conflict_reply(entry)
+                (channel.conflict(entry), Outcome::Conflict)
             }
         }
         // `_claim` drops here, after the commit resolved either way.
@@ -191,16 +211,21 @@ impl Acceptor {
     /// []`, holds that one, and an identical retry of it is a replay, not a
     /// conflict (an upgrade or that config change within the retention
     /// window). Only asked on a conflict, so the common path hashes once.
-    async fn matches_strictly(&self, sub: Submission, stored: &Fingerprint) -> bool {
+    async fn matches_strictly(
+        &self,
+        sub: Submission,
+        source: KeySource,
+        stored: &Fingerprint,
+    ) -> bool {
         if self.volatile.is_empty() {
             return false;
         }
         let limits = self.mime_limits;
         let strict = if sub.content.len() <= INLINE_MAX {
-            strict_fingerprint(&sub, &limits)
+            strict_fingerprint(&sub, &source, &limits)
         } else {
             self.pool
-                .run(move || strict_fingerprint(&sub, &limits))
+                .run(move || strict_fingerprint(&sub, &source, &limits))
                 .await
                 .ok()
                 .flatten()
@@ -213,15 +238,16 @@ impl Acceptor {
     async fn execute(
         &self,
         sub: Submission,
+        channel: &dyn Channel,
         keyed: Option<Keyed>,
         from_rejection: Option<(Reply, FromError)>,
-    ) -> Vec<u8> {
+    ) -> (Vec<u8>, Outcome) {
         let workspace = sub.submitter.workspace().to_owned();
         let key_log = keyed.as_ref().map_or("-", |k| k.hash.as_str()).to_owned();
         let now = now_millis();
 
         if let Some((rejection, reason)) = from_rejection {
-            let reply = rejection.to_bytes();
+            let reply = channel.sender_refused(&rejection);
             tracing::info!(
                 %workspace, key = %key_log, peer = %sub.peer, code = rejection.code(), reason = ?reason,
                 "rejected: From: header not allowed"
@@ -234,19 +260,19 @@ impl Acceptor {
                     message: None,
                 };
                 return match self.store.commit(acceptance).await {
-                    Ok(CommitOutcome::Committed) => reply,
-                    Ok(CommitOutcome::KeyTaken) => in_progress_reply(),
+                    Ok(CommitOutcome::Committed) => (reply, Outcome::Rejected),
+                    Ok(CommitOutcome::KeyTaken) => (channel.in_progress(), Outcome::InProgress),
                     Err(e) => {
                         tracing::warn!(%workspace, key = %key_log, error = %e, "rejection not stored");
-                        storage_failure_reply(&e)
+                        (storage_failure_reply(channel, &e), Outcome::Unavailable)
                     }
                 };
             }
-            return reply;
+            return (reply, Outcome::Rejected);
         }
 
         let id = queue_id::next();
-        let reply = Reply::new(250, "2.0.0", &format!("Ok: queued as {id}")).to_bytes();
+        let reply = channel.accepted(&id);
         let trace = received_header(&sub, &self.hostname, &id, now);
         let idempotency_key = keyed.as_ref().map(|k| k.key.clone());
         let ledger =
@@ -269,17 +295,17 @@ impl Acceptor {
         match self.store.commit(acceptance).await {
             Ok(CommitOutcome::Committed) => {
                 tracing::info!(%workspace, key = %key_log, queue_id = %id, recipients, "accepted");
-                reply
+                (reply, Outcome::Accepted)
             }
             // Another writer (another node) committed the key first; the
             // client's retry will be answered from its entry.
             Ok(CommitOutcome::KeyTaken) => {
                 tracing::info!(%workspace, key = %key_log, "refused E01004: key committed concurrently");
-                in_progress_reply()
+                (channel.in_progress(), Outcome::InProgress)
             }
             Err(e) => {
                 tracing::error!(%workspace, key = %key_log, error = %e, "not accepted: commit failed");
-                storage_failure_reply(&e)
+                (storage_failure_reply(channel, &e), Outcome::Unavailable)
             }
         }
     }
@@ -307,32 +333,9 @@ impl Acceptor {
     }
 }
 
-fn in_progress_reply() -> Vec<u8> {
-    Reply::new(
-        451,
-        "4.5.0",
-        "E01004 RequestInProgress: try again shortly with the same key and message",
-    )
-    .to_bytes()
-}
-
-fn unavailable_reply() -> Vec<u8> {
-    Reply::new(
-        451,
-        "4.3.0",
-        "E01033 IdempotencyUnavailable: message not accepted, retry",
-    )
-    .to_bytes()
-}
-
-fn storage_failure_reply(e: &StoreError) -> Vec<u8> {
+fn storage_failure_reply(channel: &dyn Channel, e: &StoreError) -> Vec<u8> {
     match e {
-        StoreError::Unavailable(_) => unavailable_reply(),
-        _ => Reply::new(
-            451,
-            "4.3.0",
-            "Temporary storage failure: message not accepted, retry",
-        )
-        .to_bytes(),
+        StoreError::Unavailable(_) => channel.unavailable(),
+        _ => channel.storage_failure(),
     }
 }

@@ -22,6 +22,7 @@ pub use senders::SenderPattern;
 pub use throttle::ThrottleSettings;
 pub use verifier::HashError;
 
+use crate::metrics::AuthFailure;
 use cache::SuccessCache;
 use throttle::{Admission, InFlight, Throttle};
 use verifier::{HashPool, StoredHash};
@@ -32,10 +33,13 @@ const ADMISSION_WAIT: Duration = Duration::from_secs(30);
 const ADMISSION_POLL: Duration = Duration::from_millis(50);
 
 fn refused(refusal: Admission, peer: IpAddr, username: &str) -> Verdict {
+    let metrics = crate::metrics::global();
     if refusal == Admission::IpBanned {
+        metrics.auth_failure(AuthFailure::IpBanned);
         tracing::warn!(%peer, user = ?username, "authentication refused: address banned after too many failures");
         Verdict::now(AuthOutcome::IpBanned)
     } else {
+        metrics.auth_failure(AuthFailure::AccountLocked);
         tracing::warn!(%peer, user = ?username, "authentication refused: account locked after too many failures");
         Verdict::now(AuthOutcome::AccountLocked)
     }
@@ -237,6 +241,7 @@ impl Authenticator {
             None => {
                 let reply_delay =
                     ticket.map_or(Duration::ZERO, |ticket| ticket.failed(Instant::now()));
+                crate::metrics::global().auth_failure(AuthFailure::Invalid);
                 tracing::info!(%peer, user = ?username, "authentication failed");
                 Verdict {
                     outcome: AuthOutcome::Invalid,

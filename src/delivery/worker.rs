@@ -373,6 +373,7 @@ async fn deliver_one(
         now,
     );
     for row in &plan.rows {
+        crate::metrics::global().delivery_attempt(row.outcome.as_str());
         tracing::info!(
             queue_id = %id, to = ?row.recipient, outcome = row.outcome.as_str(),
             hop = row.next_hop.as_deref().unwrap_or("-"), reply = ?row.reply, "delivery attempt"

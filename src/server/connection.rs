@@ -139,7 +139,9 @@ async fn drive<S: AsyncRead + AsyncWrite + Unpin>(
             Action::Submit(submission) => {
                 // Runs to completion even if shutdown starts meanwhile: the
                 // commit finishes and its reply is sent.
+                let started = std::time::Instant::now();
                 let reply = shared.acceptor.accept(*submission).await;
+                crate::metrics::global().end_of_data_seconds(started.elapsed().as_secs_f64());
                 session.submission_done(&reply);
             }
             Action::Close => {

@@ -21,7 +21,6 @@ use tokio::task::JoinSet;
 use crate::accept::Acceptor;
 use crate::auth::{AuthError, Authenticator, NewAccount};
 use crate::config::{Config, TlsMode};
-use crate::idempotency::volatile::VolatileHeaders;
 use crate::smtp::budget::InFlightBudget;
 use crate::smtp::session::{Session, SessionConfig};
 use crate::store::{Store, now_millis};
@@ -31,6 +30,18 @@ use deadline::TimeLimits;
 use load::Load;
 use per_ip::PerIpLimit;
 use refuse::{Refusal, Refuser};
+
+/// The acceptance pipeline for a node's configuration, shared by every
+/// channel.
+pub fn acceptor(config: &Config, store: Arc<dyn Store>) -> Result<Acceptor, String> {
+    Acceptor::new(
+        store,
+        config.retention,
+        config.hostname.clone(),
+        &config.limits,
+        crate::idempotency::volatile::VolatileHeaders::new(config.volatile_headers.iter().cloned()),
+    )
+}
 
 /// The account directory from `[[user]]`, `[[trusted_network]]` and `[auth]`.
 fn authenticator(config: &Config) -> Result<Authenticator, AuthError> {
@@ -54,7 +65,7 @@ fn authenticator(config: &Config) -> Result<Authenticator, AuthError> {
 
 /// What every connection task shares.
 pub struct Shared {
-    pub acceptor: Acceptor,
+    pub acceptor: Arc<Acceptor>,
     pub auth: Authenticator,
     pub tls: Option<Arc<rustls::ServerConfig>>,
     pub time_limits: TimeLimits,
@@ -77,20 +88,20 @@ pub struct Server {
 
 impl Server {
     /// Binds every listener and starts accepting.
-    pub async fn start(config: &Config, store: Arc<dyn Store>) -> Result<Server, String> {
+    /// `acceptor` is shared with the HTTP API: one set of in-progress
+    /// claims per node for both channels.
+    pub async fn start(
+        config: &Config,
+        store: Arc<dyn Store>,
+        acceptor: Arc<Acceptor>,
+    ) -> Result<Server, String> {
         crate::tls::install_crypto_provider();
         let tls = match &config.tls {
             Some(files) => Some(crate::tls::load_server_config(&files.cert, &files.key)?),
             None => None,
         };
         let shared = Arc::new(Shared {
-            acceptor: Acceptor::new(
-                store.clone(),
-                config.retention,
-                config.hostname.clone(),
-                &config.limits,
-                VolatileHeaders::new(config.volatile_headers.iter().cloned()),
-            )?,
+            acceptor,
             auth: authenticator(config).map_err(|e| e.to_string())?,
             tls: tls.clone(),
             time_limits: TimeLimits {
@@ -233,11 +244,14 @@ async fn accept_loop(
             shared.clone(),
             shutdown.clone(),
         );
+        // Counted until the task ends or is aborted after the grace period.
+        let counted = crate::metrics::global().connection();
         connections.spawn(async move {
             handle.await;
             // The caps count a connection until its task ends.
             drop(permit);
             drop(per_ip);
+            drop(counted);
         });
     }
     drop(socket);

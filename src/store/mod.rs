@@ -164,6 +164,49 @@ pub trait Store: Send + Sync + 'static {
         now: UnixMillis,
         limit: usize,
     ) -> BoxFuture<'static, Result<usize, StoreError>>;
+
+    /// A trivial write transaction through the writer (nothing written):
+    /// `Ok` when the store would commit an acceptance now. `/readyz`.
+    fn ready(&self) -> BoxFuture<'static, Result<(), StoreError>>;
+
+    /// Messages still in the queue per state, and how long the oldest one
+    /// waiting for delivery has waited. A read; `/metrics` at each scrape.
+    fn queue_depth(&self) -> BoxFuture<'static, Result<QueueDepth, StoreError>>;
+}
+
+/// What [`Store::queue_depth`] reads.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueDepth {
+    /// Messages per state, for `queued`, `deferred`, `delivering` and
+    /// `held` (a state with none may be missing).
+    pub counts: Vec<(MessageState, u64)>,
+    /// Age of the oldest `queued`, `deferred` or `delivering` message, by
+    /// the store's clock; `None` when there is none.
+    pub oldest_age_ms: Option<i64>,
+}
+
+/// A message as the status API shows it: its row and its attempts.
+pub type MessageDetail = (MessageStatus, Vec<AttemptRecord>);
+
+/// What the HTTP API shows of messages, always within one workspace.
+pub trait StatusReader: Send + Sync + 'static {
+    /// The message and its attempts, if it exists in `workspace` (another
+    /// workspace's message is `None`, as if it did not exist).
+    fn message_in(
+        &self,
+        workspace: &str,
+        id: &str,
+    ) -> BoxFuture<'static, Result<Option<MessageDetail>, StoreError>>;
+
+    /// Up to `limit` messages of `workspace` with queue ids after `after`,
+    /// in queue-id (acceptance) order, optionally of one state.
+    fn list(
+        &self,
+        workspace: &str,
+        state: Option<MessageState>,
+        after: Option<String>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<MessageStatus>, StoreError>>;
 }
 
 /// One recipient's result in one delivery attempt, as `delivery_attempt`

@@ -3,6 +3,7 @@
 //! real TCP and TLS (trusting the dev certificate in `certs/`).
 #![allow(dead_code)]
 
+pub mod http;
 pub mod pg;
 
 use std::io::{BufRead, BufReader};
@@ -56,6 +57,8 @@ pub struct Options {
     pub plain_addr: Option<String>,
     /// Extra environment for the daemon process (e.g. `TOKIO_WORKER_THREADS`).
     pub env: Vec<(&'static str, &'static str)>,
+    /// Global flags before `serve` (e.g. `--log-format json`).
+    pub global_args: Vec<&'static str>,
     /// Where the ledger and queue live (default: SQLite in the data
     /// directory, or a fresh PostgreSQL database under
     /// `SMTP_ONCE_TEST_STORE=postgres`).
@@ -93,6 +96,7 @@ impl Default for Options {
             relay: None,
             plain_addr: None,
             env: Vec::new(),
+            global_args: Vec::new(),
             store: Store::FromEnv,
             node_id: None,
         }
@@ -109,8 +113,14 @@ pub struct Daemon {
     pub implicit: SocketAddr,
     /// Every bound listener, in the order of the config file.
     pub addrs: Vec<SocketAddr>,
+    /// The HTTP API's address, when the config has `[http]`.
+    pub http: Option<SocketAddr>,
     pub stderr_path: PathBuf,
     pub env: Vec<(&'static str, &'static str)>,
+    /// The `[metrics]` listener, when the config has one ("smtp-once
+    /// metrics on ADDR", printed before the listening lines).
+    pub metrics: Option<SocketAddr>,
+    pub global_args: Vec<&'static str>,
     /// The PostgreSQL database this daemon uses, if any (SQLite otherwise).
     pub pg: Option<Arc<pg::TestDb>>,
 }
@@ -126,7 +136,7 @@ impl Daemon {
             options.store = Store::Postgres(Arc::new(pg::TestDb::create()));
         }
         let text = config_text(&options, dir.path());
-        let mut d = Self::prepare(dir, &text, options.env);
+        let mut d = Self::prepare(dir, &text, options.env, options.global_args);
         if let Store::Postgres(db) = options.store {
             d.pg = Some(db);
         }
@@ -137,15 +147,16 @@ impl Daemon {
     /// Runs the binary on `text` as its config file, in `dir`. Listener
     /// addresses in the order of the file are in `addrs`.
     pub fn with_config(dir: tempfile::TempDir, text: &str) -> Daemon {
-        Self::with_config_env(dir, text, Vec::new())
+        Self::with_config_args(dir, text, Vec::new(), Vec::new())
     }
 
-    fn with_config_env(
+    fn with_config_args(
         dir: tempfile::TempDir,
         text: &str,
         env: Vec<(&'static str, &'static str)>,
+        global_args: Vec<&'static str>,
     ) -> Daemon {
-        let mut d = Self::prepare(dir, text, env);
+        let mut d = Self::prepare(dir, text, env, global_args);
         d.spawn();
         d
     }
@@ -154,11 +165,13 @@ impl Daemon {
         dir: tempfile::TempDir,
         text: &str,
         env: Vec<(&'static str, &'static str)>,
+        global_args: Vec<&'static str>,
     ) -> Daemon {
         let config_path = dir.path().join("smtp-once.toml");
         std::fs::write(&config_path, text).expect("write config");
         Daemon {
             addrs: Vec::new(),
+            http: None,
             child: None,
             stderr_path: dir.path().join("daemon.log"),
             dir,
@@ -167,6 +180,8 @@ impl Daemon {
             starttls: "127.0.0.1:1".parse().expect("addr"),
             implicit: "127.0.0.1:1".parse().expect("addr"),
             env,
+            metrics: None,
+            global_args,
             pg: None,
         }
     }
@@ -190,6 +205,7 @@ impl Daemon {
             .open(&self.stderr_path)
             .expect("log file");
         let mut child = Command::new(BIN)
+            .args(&self.global_args)
             .args(["serve", "--config"])
             .arg(&self.config_path)
             .env("RUST_LOG", "info")
@@ -207,24 +223,31 @@ impl Daemon {
                 }
             }
         });
-        let want = std::fs::read_to_string(&self.config_path)
-            .expect("config")
-            .matches("[[listener]]")
-            .count();
+        let config_text = std::fs::read_to_string(&self.config_path).expect("config");
+        let want = config_text.matches("[[listener]]").count();
+        let want_http = config_text.contains("\n[http]");
         let mut addrs = Vec::new();
-        while addrs.len() < want {
+        let mut http = None;
+        while addrs.len() < want || (want_http && http.is_none()) {
             let line = rx
                 .recv_timeout(Duration::from_secs(20))
                 .unwrap_or_else(|_| panic!("daemon did not start; log:\n{}", self.log()));
+            if let Some(rest) = line.strip_prefix("smtp-once metrics on ") {
+                self.metrics = Some(rest.trim().parse::<SocketAddr>().expect("metrics addr"));
+            }
             if let Some(rest) = line.strip_prefix("smtp-once listening on ") {
                 let addr = rest.split(' ').next().expect("addr");
                 addrs.push(addr.parse::<SocketAddr>().expect("socket addr"));
+            }
+            if let Some(rest) = line.strip_prefix("smtp-once http on ") {
+                http = Some(rest.trim().parse::<SocketAddr>().expect("http addr"));
             }
         }
         if let [plain, starttls, implicit] = addrs[..] {
             (self.plain, self.starttls, self.implicit) = (plain, starttls, implicit);
         }
         self.addrs = addrs;
+        self.http = http;
         self.child = Some(child);
     }
 
@@ -345,12 +368,27 @@ impl Drop for Daemon {
     }
 }
 
+/// The HTTP API token of a test account (its hash is in the config).
+pub fn api_token(user: &str) -> String {
+    format!("so_test_token_of_{user}")
+}
+
+fn api_key_hash(token: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// The config file `Daemon::start` writes for `o` in `dir`.
 pub fn config_text(o: &Options, dir: &Path) -> String {
     let mut users = String::new();
     for ((name, _, workspace, senders), hash) in USERS.iter().zip(user_hashes()) {
         users.push_str(&format!(
-            "[[user]]\nname = \"{name}\"\npassword_hash = \"{hash}\"\nworkspace = \"{workspace}\"\n"
+            "[[user]]\nname = \"{name}\"\npassword_hash = \"{hash}\"\nworkspace = \"{workspace}\"\n\
+             api_key_hash = \"{}\"\n",
+            api_key_hash(&api_token(name))
         ));
         if let Some(s) = senders {
             users.push_str(&format!("allowed_senders = [\"{s}\"]\n"));

@@ -6,8 +6,10 @@
 //! and then finds taken (E01004), and which a crashed node's dropped
 //! connection releases by itself. Times come from the database's clock.
 
+mod probe;
 mod queue;
 mod schema;
+mod status;
 mod writer;
 
 use std::str::FromStr;
@@ -18,7 +20,8 @@ use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Pool, RecyclingMe
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::{
-    Acceptance, BoxFuture, CommitOutcome, LedgerEntry, NewMessage, Store, StoreError, UnixMillis,
+    Acceptance, BoxFuture, CommitOutcome, LedgerEntry, NewMessage, QueueDepth, Store, StoreError,
+    UnixMillis,
 };
 use writer::{Job, PgResult};
 
@@ -34,6 +37,8 @@ pub struct PgStore {
     jobs: Mutex<Option<mpsc::UnboundedSender<Job>>>,
     queued: Arc<Notify>,
     node_id: String,
+    /// LISTENs for mail queued by any node (see `listen`).
+    listener: tokio::task::JoinHandle<()>,
 }
 
 /// Plain values, so configuration can hand them over without this module
@@ -51,10 +56,12 @@ impl PgStore {
     pub async fn open(o: PgOptions<'_>) -> Result<Self, StoreError> {
         let config = tokio_postgres::Config::from_str(o.url)
             .map_err(|e| StoreError::Unavailable(format!("store.url: {e}")))?;
-        let tls = crate::tls::client_config(o.ca_file).map_err(StoreError::Unavailable)?;
+        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(
+            crate::tls::client_config(o.ca_file).map_err(StoreError::Unavailable)?,
+        );
         let manager = Manager::from_config(
-            config,
-            tokio_postgres_rustls::MakeRustlsConnect::new(tls),
+            config.clone(),
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -81,11 +88,13 @@ impl PgStore {
         let (jobs, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(Notify::new());
         tokio::spawn(writer::run(pool.clone(), rx, queued.clone()));
+        let listener = tokio::spawn(listen(config, tls, queued.clone()));
         Ok(Self {
             pool,
             jobs: Mutex::new(Some(jobs)),
             queued,
             node_id: o.node_id.to_owned(),
+            listener,
         })
     }
 
@@ -94,6 +103,7 @@ impl PgStore {
         if let Ok(mut jobs) = self.jobs.lock() {
             jobs.take();
         }
+        self.listener.abort();
     }
 
     fn submit<T: Send + 'static>(
@@ -121,6 +131,55 @@ impl PgStore {
     }
 }
 
+/// The channel a commit that queued mail notifies (inside its transaction,
+/// so it is delivered only on COMMIT).
+pub(crate) const QUEUED_CHANNEL: &str = "smtp_once_queued";
+
+/// Wakes this node's worker when any node queued mail, so a message
+/// accepted on one node is picked up at once by whichever is free. On a
+/// lost connection it reconnects; meanwhile `poll_interval` still applies.
+async fn listen(
+    config: tokio_postgres::Config,
+    tls: tokio_postgres_rustls::MakeRustlsConnect,
+    queued: Arc<Notify>,
+) {
+    loop {
+        match config.connect(tls.clone()).await {
+            Ok((client, mut conn)) => {
+                let (tx, mut rx) = mpsc::unbounded_channel();
+                let driver = tokio::spawn(async move {
+                    while let Some(message) = std::future::poll_fn(|cx| conn.poll_message(cx)).await
+                    {
+                        match message {
+                            Ok(tokio_postgres::AsyncMessage::Notification(_)) => {
+                                if tx.send(()).is_err() {
+                                    return;
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(_) => return,
+                        }
+                    }
+                });
+                match client
+                    .batch_execute(&format!("LISTEN {QUEUED_CHANNEL}"))
+                    .await
+                {
+                    Ok(()) => {
+                        while rx.recv().await.is_some() {
+                            queued.notify_one();
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %describe(&e), "LISTEN failed"),
+                }
+                driver.abort();
+            }
+            Err(e) => tracing::debug!(error = %describe(&e), "LISTEN connection failed"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// The error's words, with the server's message when there is one.
 pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
@@ -139,71 +198,110 @@ pub(crate) fn classify(e: &tokio_postgres::Error) -> StoreError {
     }
 }
 
+/// One statement per acceptance (ledger entry, queue row and body as
+/// data-modifying CTEs), so a batch of them is pipelined in one round trip.
 async fn apply_acceptance(c: &ClientWrapper, a: &Acceptance) -> PgResult<CommitOutcome> {
-    if let Some(l) = &a.ledger {
-        let ttl = l.entry.expires_at - l.entry.created_at;
-        // Replace an entry only once it has expired; a row another node has
-        // inserted but not committed makes this wait for that commit.
-        let changed = c
-            .execute(
-                &c.prepare_cached(
-                    "INSERT INTO ledger (workspace, key, fingerprint, reply, queue_id, created_at, expires_at)
-                     VALUES ($1, $2, $3, $4, $5, smtp_once_now(), smtp_once_now() + $6)
-                     ON CONFLICT (workspace, key) DO UPDATE SET
-                       fingerprint = excluded.fingerprint, reply = excluded.reply,
-                       queue_id = excluded.queue_id, created_at = excluded.created_at,
-                       expires_at = excluded.expires_at
-                     WHERE ledger.expires_at <= excluded.created_at",
-                )
-                .await?,
-                &[
-                    &l.workspace,
-                    &l.key,
-                    &&l.entry.fingerprint[..],
-                    &l.entry.reply,
-                    &l.entry.queue_id,
-                    &ttl,
-                ],
-            )
-            .await?;
-        if changed == 0 {
-            return Ok(CommitOutcome::KeyTaken);
-        }
-    }
-    if let Some(m) = &a.message {
-        insert_message(c, m).await?;
-    }
-    Ok(CommitOutcome::Committed)
-}
-
-/// A queue row and its body, due at once (database time).
-async fn insert_message(c: &ClientWrapper, m: &NewMessage) -> PgResult<()> {
-    let size = i64::try_from(m.trace.len() + m.body.len()).unwrap_or(i64::MAX);
-    c.execute(
-        &c.prepare_cached(
-            "INSERT INTO queue (id, workspace, account, reverse_path, recipients, idempotency_key,
-                                size, state, attempts, next_attempt_at, created_at, updated_at)
-             SELECT $1, $2, $3, $4, $5, $6, $7, 'queued', 0, t, t, t FROM smtp_once_now() AS t",
+    // Replace a ledger entry only once it has expired; a row another node
+    // has inserted but not committed makes this wait for that commit.
+    const LEDGER: &str = "l AS (
+          INSERT INTO ledger (workspace, key, fingerprint, reply, queue_id, created_at, expires_at)
+          VALUES ($1, $2, $3, $4, $5, smtp_once_now(), smtp_once_now() + $6)
+          ON CONFLICT (workspace, key) DO UPDATE SET
+            fingerprint = excluded.fingerprint, reply = excluded.reply,
+            queue_id = excluded.queue_id, created_at = excluded.created_at,
+            expires_at = excluded.expires_at
+          WHERE ledger.expires_at <= excluded.created_at
+          RETURNING 1)";
+    // $n.. of the message; `gate` makes it depend on the ledger insert.
+    fn message_cte(first: usize, gate: &str) -> String {
+        let p = |i: usize| format!("${}", first + i);
+        format!(
+            "q AS (
+               INSERT INTO queue (id, workspace, account, reverse_path, recipients,
+                                  idempotency_key, size, state, attempts, next_attempt_at,
+                                  created_at, updated_at)
+               SELECT {}, {}, {}, {}, {}, {}, {}, 'queued', 0, t, t, t
+               FROM smtp_once_now() AS t {gate}
+               RETURNING id),
+             b AS (INSERT INTO message_body (queue_id, trace, body) SELECT id, {}, {} FROM q)",
+            p(0),
+            p(1),
+            p(2),
+            p(3),
+            p(4),
+            p(5),
+            p(6),
+            p(7),
+            p(8)
         )
-        .await?,
-        &[
-            &m.id,
+    }
+    let ledger = a.ledger.as_ref().map(|l| {
+        (
+            l,
+            &l.entry.fingerprint[..],
+            l.entry.expires_at - l.entry.created_at,
+        )
+    });
+    let message = a.message.as_ref().map(|m| {
+        (
+            m,
+            m.recipients.join("\n"),
+            i64::try_from(m.trace.len() + m.body.len()).unwrap_or(i64::MAX),
+        )
+    });
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::with_capacity(15);
+    if let Some((l, fp, ttl)) = &ledger {
+        params.extend([
+            &l.workspace as &(dyn tokio_postgres::types::ToSql + Sync),
+            &l.key,
+            fp,
+            &l.entry.reply,
+            &l.entry.queue_id,
+            ttl,
+        ]);
+    }
+    if let Some((m, recipients, size)) = &message {
+        params.extend([
+            &m.id as &(dyn tokio_postgres::types::ToSql + Sync),
             &m.workspace,
             &m.account,
             &m.reverse_path,
-            &m.recipients.join("\n"),
+            recipients,
             &m.idempotency_key,
-            &size,
-        ],
+            size,
+            &m.trace,
+            &m.body,
+        ]);
+    }
+    let sql = match (&ledger, &message) {
+        (Some(_), Some(_)) => format!(
+            "WITH {LEDGER}, {} SELECT COUNT(*) FROM l",
+            message_cte(7, "WHERE EXISTS (SELECT 1 FROM l)")
+        ),
+        (Some(_), None) => format!("WITH {LEDGER} SELECT COUNT(*) FROM l"),
+        (None, Some(_)) => format!("WITH {} SELECT COUNT(*) FROM q", message_cte(1, "")),
+        (None, None) => return Ok(CommitOutcome::Committed),
+    };
+    let row = c.query_one(&c.prepare_cached(&sql).await?, &params).await?;
+    let written: i64 = row.get(0);
+    Ok(if ledger.is_some() && written == 0 {
+        CommitOutcome::KeyTaken
+    } else {
+        CommitOutcome::Committed
+    })
+}
+
+/// A queue row and its body, due at once (database time): bounces.
+async fn insert_message(c: &ClientWrapper, m: &NewMessage) -> PgResult<()> {
+    apply_acceptance(
+        c,
+        &Acceptance {
+            ledger: None,
+            message: Some(m.clone()),
+        },
     )
-    .await?;
-    c.execute(
-        &c.prepare_cached("INSERT INTO message_body (queue_id, trace, body) VALUES ($1, $2, $3)")
-            .await?,
-        &[&m.id, &m.trace, &m.body],
-    )
-    .await?;
-    Ok(())
+    .await
+    .map(|_| ())
 }
 
 /// True if this transaction may do housekeeping (no other node is).
@@ -293,4 +391,22 @@ impl Store for PgStore {
             })
         }))
     }
+
+    fn ready(&self) -> BoxFuture<'static, Result<(), StoreError>> {
+        // Through the writer: its connection, BEGIN, COMMIT.
+        self.submit(Job::new(false, String::new(), |c| {
+            Box::pin(probe::select_one(c))
+        }))
+    }
+
+    fn queue_depth(&self) -> BoxFuture<'static, Result<QueueDepth, StoreError>> {
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            let c = Self::reader(&pool).await?;
+            probe::queue_depth_on(&c).await
+        })
+    }
 }
+
+#[cfg(test)]
+mod tests;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use deadpool_postgres::{ClientWrapper, Object, Pool};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use super::{classify, describe};
+use super::{QUEUED_CHANNEL, classify, describe};
 use crate::store::{BoxFuture, StoreError};
 
 /// Upper bound on jobs per transaction, to bound latency and memory.
@@ -166,13 +166,33 @@ async fn execute_batch(c: &ClientWrapper, batch: &mut Vec<Job>) -> Vec<(Job, Opt
     }
 }
 
+/// Every job's statements go out pipelined (tokio-postgres sends each
+/// request as soon as its future is polled, and the server runs them in
+/// order), so a batch costs a few round trips, not a few per job. Their
+/// order within the batch does not matter: a node never has two jobs for
+/// one key at once (the in-progress claim). BEGIN is answered before any
+/// job is sent, and COMMIT waits for every job's answer: sent after a
+/// failed statement it would be a silent ROLLBACK.
 async fn apply_all(c: &ClientWrapper, jobs: &mut [Job]) -> PgResult<()> {
     c.batch_execute("BEGIN").await?;
-    for job in jobs.iter_mut() {
-        if let Err(e) = job.work.apply(c).await {
-            let _ = c.batch_execute("ROLLBACK").await;
-            return Err(e);
+    let queues_mail = jobs.iter().any(|job| job.queues_mail);
+    let notify = format!("NOTIFY {QUEUED_CHANNEL}");
+    let (results, notified) = tokio::join!(
+        futures_util::future::join_all(jobs.iter_mut().map(|job| job.work.apply(c))),
+        async {
+            // Other nodes' workers wake on COMMIT (see `listen`).
+            if queues_mail {
+                c.batch_execute(&notify).await
+            } else {
+                Ok(())
+            }
         }
+    );
+    if let Some(e) = results.into_iter().find_map(Result::err).or(notified.err()) {
+        let _ = c.batch_execute("ROLLBACK").await;
+        return Err(e);
     }
-    c.batch_execute("COMMIT").await
+    c.batch_execute("COMMIT").await?;
+    crate::metrics::global().commit_batch(jobs.len());
+    Ok(())
 }

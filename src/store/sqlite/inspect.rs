@@ -12,10 +12,11 @@ pub struct Inspector {
     conn: Connection,
 }
 
-const COLUMNS: &str = "id, state, workspace, account, reverse_path, recipients, size, attempts,
+pub(super) const COLUMNS: &str =
+    "id, state, workspace, account, reverse_path, recipients, size, attempts,
                        last_error, created_at, next_attempt_at";
 
-fn status_from_row(row: &Row<'_>) -> rusqlite::Result<MessageStatus> {
+pub(super) fn status_from_row(row: &Row<'_>) -> rusqlite::Result<MessageStatus> {
     let state: String = row.get(1)?;
     let recipients: String = row.get(5)?;
     Ok(MessageStatus {

@@ -5,8 +5,10 @@
 mod checkpoint;
 mod identity;
 mod inspect;
+mod probe;
 mod queue;
 mod schema;
+mod status;
 #[cfg(test)]
 mod tests;
 mod writer;
@@ -26,7 +28,9 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use crate::private_fs;
 use identity::DataDirIdentity;
 
-use super::{Acceptance, BoxFuture, CommitOutcome, LedgerEntry, Store, StoreError, UnixMillis};
+use super::{
+    Acceptance, BoxFuture, CommitOutcome, LedgerEntry, QueueDepth, Store, StoreError, UnixMillis,
+};
 
 pub const DB_FILE: &str = "smtp-once.db";
 /// SQLite's companions of the database file (same mode as the database).
@@ -318,5 +322,18 @@ impl Store for SqliteStore {
         limit: usize,
     ) -> BoxFuture<'static, Result<usize, StoreError>> {
         self.submit(writer::Job::purge(now, limit))
+    }
+
+    fn ready(&self) -> BoxFuture<'static, Result<(), StoreError>> {
+        // BEGIN IMMEDIATE and COMMIT with the identity checks around them:
+        // what an acceptance needs, without writing anything.
+        self.submit(writer::Job::new(false, |_tx| Ok(())))
+    }
+
+    fn queue_depth(&self) -> BoxFuture<'static, Result<QueueDepth, StoreError>> {
+        let readers = self.readers.clone();
+        Box::pin(queue::read_blocking(readers, |conn| {
+            probe::queue_depth_on(conn, super::now_millis())
+        }))
     }
 }

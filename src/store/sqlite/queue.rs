@@ -210,7 +210,7 @@ fn next_due_on(conn: &Connection, skip: &str) -> rusqlite::Result<Option<UnixMil
 }
 
 /// Runs a read on the blocking pool: a batch of claimed bodies can be large.
-async fn read_blocking<T: Send + 'static>(
+pub(super) async fn read_blocking<T: Send + 'static>(
     readers: Arc<Readers>,
     f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
 ) -> Result<T, StoreError> {

@@ -173,3 +173,31 @@ async fn a_moved_data_dir_is_unavailable_until_it_is_back() {
     assert!(store.lookup("ws", "k1", 2).await.expect("lookup").is_some());
     assert_eq!(queue_rows(&store), 2, "nothing written while it was away");
 }
+
+#[tokio::test]
+async fn ready_and_queue_depth() {
+    use crate::store::MessageState;
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = SqliteStore::open(dir.path()).expect("open");
+    store.ready().await.expect("ready");
+    let empty = store.queue_depth().await.expect("depth");
+    assert!(empty.counts.is_empty(), "{empty:?}");
+    assert_eq!(empty.oldest_age_ms, None);
+    let created = crate::store::now_millis() - 5_000;
+    for id in ["Q1", "Q2"] {
+        store
+            .commit(acceptance(id, None, created, 10_000))
+            .await
+            .expect("commit");
+    }
+    let depth = store.queue_depth().await.expect("depth");
+    assert_eq!(depth.counts, [(MessageState::Queued, 2)]);
+    let age = depth.oldest_age_ms.expect("an oldest message");
+    assert!((5_000..60_000).contains(&age), "{age}");
+    // No writer, not ready: the probe goes the acceptances' way.
+    store.stop_writer_for_test();
+    assert!(matches!(
+        store.ready().await,
+        Err(StoreError::Unavailable(_))
+    ));
+}

@@ -186,7 +186,9 @@ fn apply_all(conn: &mut Connection, jobs: &mut [Job]) -> rusqlite::Result<()> {
     for job in jobs.iter_mut() {
         job.work.apply(&tx)?;
     }
-    tx.commit()
+    tx.commit()?;
+    crate::metrics::global().commit_batch(jobs.len());
+    Ok(())
 }
 
 fn apply_acceptance(tx: &Transaction<'_>, a: &Acceptance) -> rusqlite::Result<CommitOutcome> {

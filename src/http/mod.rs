@@ -1,0 +1,168 @@
+//! The HTTP API: submission on the same acceptance pipeline, ledger and
+//! queue as SMTP (`POST /v1/messages`), message status (`GET
+//! /v1/messages/{id}`, `GET /v1/messages`), and its OpenAPI document.
+//! Authentication by API key; the account's workspace and
+//! `allowed_senders` apply as on SMTP.
+
+pub mod channel;
+pub mod compose;
+pub mod keys;
+mod status;
+mod submit;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::sync::watch;
+
+use crate::accept::Acceptor;
+use crate::auth::Submitter;
+use crate::store::StatusReader;
+use keys::ApiKeys;
+
+/// What every request handler shares.
+pub struct Api {
+    pub acceptor: Arc<Acceptor>,
+    pub keys: ApiKeys,
+    pub status: Arc<dyn StatusReader>,
+    pub max_message_size: usize,
+    pub max_recipients: usize,
+    pub tls: bool,
+}
+
+/// The OpenAPI document, checked in beside the code that serves it.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+impl Api {
+    /// The account of `Authorization: Bearer <token>`, or the `401`.
+    fn authenticate(&self, headers: &HeaderMap) -> Result<Submitter, Box<Response>> {
+        let token = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        match token.and_then(|t| self.keys.submitter(t)) {
+            Some(s) => Ok(s),
+            None => {
+                tracing::info!(
+                    given = token.is_some(),
+                    "HTTP request refused: bad or missing API key"
+                );
+                let mut response = respond(channel::error(
+                    401,
+                    "Unauthorized",
+                    "an API key is required: Authorization: Bearer <token>",
+                ));
+                response
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                Err(Box::new(response))
+            }
+        }
+    }
+}
+
+/// A pipeline answer (`status\nbody`) as a JSON response, marked as a
+/// replay when it is one.
+pub fn respond(encoded: Vec<u8>) -> Response {
+    let answer = channel::decode(&encoded);
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (status, answer.body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if answer.replay {
+        headers.insert("idempotency-replay", HeaderValue::from_static("true"));
+    }
+    response
+}
+
+pub fn router(api: Arc<Api>) -> Router {
+    // Room for the JSON or MIME framing around the largest message.
+    let body_limit = api.max_message_size.saturating_add(64 * 1024);
+    Router::new()
+        .route("/v1/messages", post(submit::submit).get(status::list))
+        .route("/v1/messages/{id}", get(status::one))
+        .route(
+            "/v1/openapi.json",
+            get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),
+        )
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(api)
+}
+
+/// The API for a node's configuration: its accounts with an API key, on
+/// the node's acceptance pipeline and store.
+pub async fn start(
+    config: &crate::config::Config,
+    settings: &crate::config::HttpSettings,
+    acceptor: Arc<Acceptor>,
+    status: Arc<dyn StatusReader>,
+) -> Result<HttpServer, String> {
+    let accounts = config
+        .users
+        .iter()
+        .filter_map(|u| {
+            let hash = u.api_key_hash?;
+            let account = crate::auth::Account {
+                name: u.name.clone(),
+                workspace: u.workspace.clone(),
+                allowed_senders: u.allowed_senders.clone(),
+            };
+            Some((hash, Arc::new(account)))
+        })
+        .collect();
+    if settings.tls {
+        return Err("http.tls is not supported yet: put a TLS proxy in front".into());
+    }
+    let api = Arc::new(Api {
+        acceptor,
+        keys: ApiKeys::new(accounts),
+        status,
+        max_message_size: config.max_message_size,
+        max_recipients: config.max_recipients,
+        tls: settings.tls,
+    });
+    HttpServer::start(settings.addr, api).await
+}
+
+/// A running HTTP listener.
+pub struct HttpServer {
+    pub addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HttpServer {
+    pub async fn start(addr: SocketAddr, api: Arc<Api>) -> Result<HttpServer, String> {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr} (http): {e}"))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let (stop, mut stopped) = watch::channel(false);
+        let app = router(api).into_make_service_with_connect_info::<SocketAddr>();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            });
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "HTTP listener failed");
+            }
+        });
+        tracing::info!(%addr, "HTTP API listening");
+        Ok(HttpServer { addr, stop, task })
+    }
+
+    /// Stops taking requests and lets those in flight finish.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}

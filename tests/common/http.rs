@@ -1,0 +1,143 @@
+//! A small HTTP/1.1 client over real TCP for the API tests: one request
+//! per connection (`Connection: close`), the whole response read back.
+
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn is_replay(&self) -> bool {
+        self.header("idempotency-replay") == Some("true")
+    }
+}
+
+pub struct Request<'a> {
+    pub method: &'a str,
+    pub target: &'a str,
+    pub headers: Vec<(&'a str, String)>,
+    pub body: Vec<u8>,
+}
+
+impl<'a> Request<'a> {
+    pub fn new(method: &'a str, target: &'a str) -> Self {
+        Self {
+            method,
+            target,
+            headers: Vec::new(),
+            body: Vec::new(),
+        }
+    }
+
+    pub fn bearer(mut self, token: &str) -> Self {
+        self.headers
+            .push(("Authorization", format!("Bearer {token}")));
+        self
+    }
+
+    pub fn header(mut self, name: &'a str, value: &str) -> Self {
+        self.headers.push((name, value.to_owned()));
+        self
+    }
+
+    pub fn body(mut self, content_type: &str, body: &[u8]) -> Self {
+        self.headers.push(("Content-Type", content_type.to_owned()));
+        self.body = body.to_vec();
+        self
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut out = format!(
+            "{} {} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n",
+            self.method,
+            self.target,
+            self.body.len()
+        );
+        for (n, v) in &self.headers {
+            out.push_str(&format!("{n}: {v}\r\n"));
+        }
+        out.push_str("\r\n");
+        let mut bytes = out.into_bytes();
+        bytes.extend_from_slice(&self.body);
+        bytes
+    }
+
+    pub async fn send(&self, addr: SocketAddr) -> Response {
+        let mut stream = TcpStream::connect(addr).await.expect("connect to the API");
+        stream.write_all(&self.bytes()).await.expect("send request");
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.expect("read response");
+        parse(&raw)
+    }
+
+    /// Sends the request and closes the connection without reading.
+    pub async fn send_and_vanish(&self, addr: SocketAddr) {
+        let mut stream = TcpStream::connect(addr).await.expect("connect to the API");
+        stream.write_all(&self.bytes()).await.expect("send request");
+    }
+}
+
+fn parse(raw: &[u8]) -> Response {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header end: {}", String::from_utf8_lossy(raw)));
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .expect("status line");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    let chunked = headers
+        .iter()
+        .any(|(n, v)| n.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    if chunked {
+        body = dechunk(&body);
+    }
+    Response {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(end) = data.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&data[..end]).trim(), 16).unwrap_or(0);
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&data[end + 2..end + 2 + size]);
+        data = &data[end + 2 + size + 2..];
+    }
+}

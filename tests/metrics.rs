@@ -1,0 +1,258 @@
+//! The `[metrics]` listener against the real daemon: /metrics values move as
+//! connections, submissions, commits, deliveries and failed logins happen;
+//! /healthz and /readyz (503 while the data directory is gone); and
+//! `--log-format json`.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::{Client, Daemon, Options, message};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const FROM: &str = "alice@example.test";
+const TO: &[&str] = &["dest@example.net"];
+const METRICS: &str = "[metrics]\naddr = \"127.0.0.1:0\"\n";
+
+/// A plain HTTP/1.1 GET: the status code and the body.
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.expect("connect to metrics");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await.expect("send request");
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw))
+        .await
+        .expect("response in time")
+        .expect("read response");
+    let text = String::from_utf8(raw).expect("utf-8 response");
+    let (head, body) = text.split_once("\r\n\r\n").expect("header end");
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status code");
+    (code, body.to_string())
+}
+
+/// Scrapes until `done` holds for the text (at most `secs`).
+async fn scrape_until(d: &Daemon, what: &str, secs: u64, done: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        let text = scrape(d).await;
+        if done(&text) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn scrape(d: &Daemon) -> String {
+    let (code, body) = get(d.metrics.expect("metrics listener"), "/metrics").await;
+    assert_eq!(code, 200, "{body}");
+    body
+}
+
+/// The value of one series (`name{labels}` exactly as rendered), 0 if absent.
+fn value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().expect("number"))
+}
+
+async fn send(d: &Daemon, m: &[u8]) -> common::Reply {
+    let mut c = Client::login(d.plain, "alice").await;
+    let r = c.submit(FROM, TO, m).await;
+    c.quit().await;
+    r
+}
+
+/// Accepted, replayed, conflicting and keyless submissions, with delivery
+/// paused so the queue holds still.
+async fn submit_the_four(d: &Daemon) {
+    let m = message(Some("metrics/1"), "hello");
+    assert_eq!(send(d, &m).await.code, 250);
+    let replay = send(d, &m).await;
+    assert!(replay.is_replay(), "{replay:?}");
+    let conflict = send(d, &message(Some("metrics/1"), "changed")).await;
+    assert_eq!(conflict.code, 550, "{conflict:?}");
+    assert_eq!(send(d, &message(None, "no key")).await.code, 250);
+}
+
+fn options(relay_extra: &str) -> Options {
+    Options {
+        extra: METRICS.into(),
+        relay: Some(format!(
+            "[relay]\nmode = \"file\"\ndir = \"outbox\"\n{relay_extra}"
+        )),
+        auth_extra: "failure_delay = \"0s\"\nmax_failure_delay = \"0s\"".into(),
+        ..Options::default()
+    }
+}
+
+#[tokio::test]
+async fn values_move_with_connections_commits_queue_and_auth_failures() {
+    let d = Daemon::start(options("paused = true"));
+    let before = scrape(&d).await;
+    assert_eq!(value(&before, "smtp_once_smtp_connections_total"), 0.0);
+    assert_eq!(
+        value(&before, r#"smtp_once_queue_messages{state="queued"}"#),
+        0.0
+    );
+    assert!(
+        before.contains(r#"smtp_once_submissions_total{channel="smtp",outcome="accepted"} 0"#),
+        "every submission series is there from the start:\n{before}"
+    );
+
+    submit_the_four(&d).await;
+    // A wrong password, then the connection ends.
+    let mut c = Client::connect(d.plain).await;
+    c.ehlo().await;
+    assert_eq!(c.auth_plain("alice", "wrong").await.code, 535);
+    c.quit().await;
+
+    let after = scrape_until(&d, "connections to close", 10, |text| {
+        value(text, "smtp_once_smtp_connections_active") == 0.0
+    })
+    .await;
+    let v = |s: &str| value(&after, s);
+    assert_eq!(v("smtp_once_smtp_connections_total"), 5.0, "{after}");
+    // The four went through acceptance: one latency sample each.
+    assert_eq!(
+        v(r#"smtp_once_submission_latency_seconds_count{channel="smtp"}"#),
+        4.0
+    );
+    // At least the two acceptances committed (the replay and the conflict
+    // write nothing; housekeeping may add jobs).
+    let commits =
+        v("smtp_once_commit_batch_jobs_sum") - value(&before, "smtp_once_commit_batch_jobs_sum");
+    assert!(commits >= 2.0, "{after}");
+    assert_eq!(v(r#"smtp_once_queue_messages{state="queued"}"#), 2.0);
+    assert_eq!(v(r#"smtp_once_queue_messages{state="delivering"}"#), 0.0);
+    let age = v("smtp_once_queue_oldest_age_seconds");
+    assert!((0.0..60.0).contains(&age), "{age}");
+    assert_eq!(v(r#"smtp_once_auth_failures_total{reason="invalid"}"#), 1.0);
+    assert_eq!(d.queue_count(), 2);
+}
+
+#[tokio::test]
+async fn delivery_attempts_are_counted_by_outcome() {
+    let d = Daemon::start(options(""));
+    submit_the_four(&d).await;
+    let text = scrape_until(&d, "both messages delivered", 20, |text| {
+        value(
+            text,
+            r#"smtp_once_delivery_attempts_total{outcome="delivered"}"#,
+        ) == 2.0
+    })
+    .await;
+    assert_eq!(
+        value(
+            &text,
+            r#"smtp_once_delivery_attempts_total{outcome="deferred"}"#
+        ),
+        0.0
+    );
+    let text = scrape_until(&d, "the queue to empty", 10, |text| {
+        value(text, r#"smtp_once_queue_messages{state="queued"}"#) == 0.0
+            && value(text, r#"smtp_once_queue_messages{state="delivering"}"#) == 0.0
+    })
+    .await;
+    assert_eq!(value(&text, "smtp_once_queue_oldest_age_seconds"), 0.0);
+}
+
+#[tokio::test]
+async fn submissions_are_counted_by_channel_and_outcome() {
+    let d = Daemon::start(options("paused = true"));
+    submit_the_four(&d).await;
+    let text = scrape(&d).await;
+    let smtp = |outcome: &str| {
+        value(
+            &text,
+            &format!(r#"smtp_once_submissions_total{{channel="smtp",outcome="{outcome}"}}"#),
+        )
+    };
+    assert_eq!(smtp("accepted"), 2.0, "{text}");
+    assert_eq!(smtp("replayed"), 1.0);
+    assert_eq!(smtp("conflict"), 1.0);
+    assert_eq!(smtp("unavailable"), 0.0);
+}
+
+#[tokio::test]
+async fn healthz_and_readyz_follow_the_store() {
+    let d = Daemon::start(options("paused = true"));
+    let addr = d.metrics.expect("metrics listener");
+    assert_eq!(get(addr, "/healthz").await, (200, "ok\n".into()));
+    assert_eq!(get(addr, "/readyz").await, (200, "ready\n".into()));
+    assert_eq!(get(addr, "/nothing").await.0, 404);
+
+    // The data directory moved away: the writer refuses, and so does /readyz.
+    let moved = d.dir.path().join("data.moved");
+    std::fs::rename(d.data_dir(), &moved).expect("mv data dir");
+    let (code, body) = get(addr, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("data directory gone"), "{body}");
+    assert_eq!(
+        get(addr, "/healthz").await.0,
+        200,
+        "the process is still up"
+    );
+    std::fs::rename(&moved, d.data_dir()).expect("mv back");
+    assert_eq!(get(addr, "/readyz").await.0, 200);
+}
+
+#[tokio::test]
+async fn no_metrics_section_no_listener() {
+    let d = Daemon::start(Options::default());
+    assert_eq!(d.metrics, None);
+    assert!(!d.log().contains("metrics listening"));
+}
+
+#[tokio::test]
+async fn a_bad_metrics_addr_is_a_config_problem() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("c.toml");
+    std::fs::write(
+        &path,
+        "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n[[listener]]\naddr = \"127.0.0.1:0\"\n\
+         [[trusted_network]]\ncidr = \"127.0.0.1\"\nworkspace = \"w\"\n\
+         [relay]\nmode = \"file\"\ndir = \"o\"\n[metrics]\naddr = \"localhost\"\n",
+    )
+    .expect("write config");
+    let out = std::process::Command::new(common::BIN)
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run check-config");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("metrics.addr: \"localhost\""), "{stderr}");
+}
+
+#[tokio::test]
+async fn log_format_json_writes_one_object_per_line() {
+    let d = Daemon::start(Options {
+        global_args: vec!["--log-format", "json"],
+        ..options("paused = true")
+    });
+    assert_eq!(send(&d, &message(None, "json")).await.code, 250);
+    let log = d.log();
+    let mut lines = 0;
+    for line in log.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
+        assert!(v["level"].is_string() && v["timestamp"].is_string(), "{v}");
+        lines += 1;
+    }
+    assert!(lines > 2, "{log}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains(r#""message":"metrics listening""#)),
+        "{log}"
+    );
+}
