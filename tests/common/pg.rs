@@ -77,6 +77,7 @@ impl TestDb {
         );
         block_on(async {
             let admin = connect(&format!("{SERVER}/postgres")).await;
+            drop_leftovers(&admin).await;
             admin
                 .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
                 .await
@@ -188,14 +189,49 @@ impl TestDb {
     }
 }
 
+/// Drops the test databases of processes that are gone (a run that was
+/// killed before its databases were dropped), once per process.
+async fn drop_leftovers(admin: &tokio_postgres::Client) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let mut first = false;
+    ONCE.call_once(|| first = true);
+    if !first {
+        return;
+    }
+    let Ok(rows) = admin
+        .query(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'smtp\\_once\\_t\\_%'",
+            &[],
+        )
+        .await
+    else {
+        return;
+    };
+    for row in rows {
+        let name: String = row.get(0);
+        let pid = name.split('_').nth(3).and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists()) {
+            let _ = admin
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .await;
+        }
+    }
+}
+
 impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
+        // Best effort: a database left behind is dropped by the next run.
         block_on(async move {
-            if let Ok(admin) = try_connect(&format!("{SERVER}/postgres")).await {
-                let _ = admin
+            let dropped = match try_connect(&format!("{SERVER}/postgres")).await {
+                Ok(admin) => admin
                     .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                    .await;
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(e) = dropped {
+                eprintln!("test database {name} not dropped: {e}");
             }
         });
     }
