@@ -20,4 +20,19 @@ if ! schemathesis --version >/dev/null 2>&1; then
   hash -r
 fi
 
+# The PostgreSQL tests (tests/postgres_nodes.rs and the second pass below)
+# need the local server: 127.0.0.1:5432, user postgres, trust auth. Without
+# it the suite fails here rather than skipping them.
+if ! pg_isready -q -h 127.0.0.1 -p 5432 -t 10 ||
+  ! psql -h 127.0.0.1 -U postgres -d postgres -Atqc 'SELECT 1' >/dev/null 2>&1; then
+  echo "scripts/test.sh: PostgreSQL is not reachable at 127.0.0.1:5432 as user postgres" >&2
+  echo "  (the PostgreSQL store tests need it; start it, e.g." >&2
+  echo "  'pg_ctlcluster --skip-systemctl-redirect \$(ls /etc/postgresql) main start')" >&2
+  exit 1
+fi
+
 cargo test --all-targets "$@"
+
+# Second pass: the exactly-once tests (acceptance, and kill -9 mid-relay)
+# again, each daemon on a fresh PostgreSQL database instead of SQLite.
+SMTP_ONCE_TEST_STORE=postgres cargo test --no-fail-fast --test idempotency --test relay_crash "$@"

@@ -1,6 +1,8 @@
 //! Exactly-once acceptance against the real daemon: every row of the SPEC
 //! section 4 table, workspaces, fingerprints, concurrency, lost replies,
-//! kill -9, restart, retention and an unreachable ledger.
+//! kill -9, restart, retention and an unreachable ledger. Runs on SQLite, and
+//! on PostgreSQL under `SMTP_ONCE_TEST_STORE=postgres` (scripts/test.sh runs
+//! both).
 
 mod common;
 
@@ -11,6 +13,41 @@ use common::{Client, Daemon, Options, message};
 
 const FROM: &str = "alice@example.test";
 const TO: &[&str] = &["dest@example.net"];
+
+/// A foreign transaction holding a lock on the store: SQLite's `BEGIN
+/// IMMEDIATE` (the write lock; readers go on), or on PostgreSQL `LOCK TABLE
+/// ledger` in `pg_mode` (`EXCLUSIVE`: reads go on, writes wait; `ACCESS
+/// EXCLUSIVE`: reads wait too).
+enum Blocker {
+    Sqlite(rusqlite::Connection),
+    Pg(tokio_postgres::Client),
+}
+
+impl Blocker {
+    async fn hold(d: &Daemon, pg_mode: &str) -> Blocker {
+        match &d.pg {
+            Some(db) => {
+                let c = db.client().await;
+                c.batch_execute(&format!("BEGIN; LOCK TABLE ledger IN {pg_mode} MODE"))
+                    .await
+                    .expect("lock");
+                Blocker::Pg(c)
+            }
+            None => {
+                let c = d.db();
+                c.execute_batch("BEGIN IMMEDIATE").expect("lock");
+                Blocker::Sqlite(c)
+            }
+        }
+    }
+
+    async fn release(self) {
+        match self {
+            Blocker::Sqlite(c) => c.execute_batch("ROLLBACK").expect("unlock"),
+            Blocker::Pg(c) => c.batch_execute("ROLLBACK").await.expect("unlock"),
+        }
+    }
+}
 
 async fn send_as(d: &Daemon, user: &str, from: &str, rcpts: &[&str], m: &[u8]) -> common::Reply {
     let mut c = Client::login(d.plain, user).await;
@@ -86,8 +123,7 @@ async fn key_validation_errors() {
 async fn key_in_progress_gets_e01004() {
     let d = Daemon::start(Options::default());
     // Hold the database write lock so the first commit waits in the writer.
-    let blocker = d.db();
-    blocker.execute_batch("BEGIN IMMEDIATE").expect("lock");
+    let blocker = Blocker::hold(&d, "EXCLUSIVE").await;
     let m = message(Some("slow-key"), "slow");
     let mut first = Client::login(d.plain, "alice").await;
     first.cmd(&format!("MAIL FROM:<{FROM}>")).await;
@@ -100,7 +136,7 @@ async fn key_in_progress_gets_e01004() {
     assert_eq!(second.code, 451, "{second:?}");
     assert!(second.has("E01004") && second.has("4.5.0"));
 
-    blocker.execute_batch("ROLLBACK").expect("unlock");
+    blocker.release().await;
     let r = first.read_reply().await;
     assert_eq!(r.code, 250, "{r:?}");
     let again = send_as(&d, "alice", FROM, TO, &m).await;
@@ -112,12 +148,19 @@ async fn key_in_progress_gets_e01004() {
 async fn transient_commit_failure_releases_the_key() {
     let d = Daemon::start(Options::default());
     let m = message(Some("fails-once"), "body");
-    d.db()
-        .execute_batch(
+    if d.pg.is_some() {
+        d.execute(
+            "CREATE FUNCTION fail_once() RETURNS trigger LANGUAGE plpgsql
+               AS $$ BEGIN RAISE EXCEPTION 'simulated I/O failure'; END $$;
+             CREATE TRIGGER fail_once BEFORE INSERT ON queue
+               FOR EACH ROW EXECUTE FUNCTION fail_once();",
+        );
+    } else {
+        d.execute(
             "CREATE TRIGGER fail_once BEFORE INSERT ON queue
              BEGIN SELECT RAISE(FAIL, 'simulated I/O failure'); END;",
-        )
-        .expect("trigger");
+        );
+    }
     let r = send_as(&d, "alice", FROM, TO, &m).await;
     assert_eq!(r.code, 451, "{r:?}");
     assert!(r.has("4.3.0"));
@@ -126,15 +169,14 @@ async fn transient_commit_failure_releases_the_key() {
         "a failure while committing is not 'unavailable'"
     );
     assert_eq!(d.queue_count(), 0);
-    let ledger: i64 = d
-        .db()
-        .query_row("SELECT COUNT(*) FROM ledger", [], |r| r.get(0))
-        .expect("count");
+    let ledger = d.count("SELECT COUNT(*) FROM ledger");
     assert_eq!(ledger, 0, "4xx replies are never stored");
 
-    d.db()
-        .execute_batch("DROP TRIGGER fail_once")
-        .expect("drop");
+    d.execute(if d.pg.is_some() {
+        "DROP TRIGGER fail_once ON queue"
+    } else {
+        "DROP TRIGGER fail_once"
+    });
     let r = send_as(&d, "alice", FROM, TO, &m).await;
     assert_eq!(r.code, 250, "{r:?}");
     assert!(!r.is_replay(), "the retry is processed as new");
@@ -145,25 +187,23 @@ async fn transient_commit_failure_releases_the_key() {
 async fn unreachable_ledger_gets_e01033_and_queues_nothing() {
     let d = Daemon::start(Options::default());
     let m = message(Some("k-unavailable"), "x");
-    // A foreign process holds the write lock past the busy timeout.
-    let blocker = d.db();
-    blocker.execute_batch("BEGIN IMMEDIATE").expect("lock");
-    let r = send_as(&d, "alice", FROM, TO, &m).await;
+    // A foreign process holds the lock past the store's wait (SQLite's busy
+    // timeout; on PostgreSQL a lock that even reads of the ledger wait for).
+    let blocker = Blocker::hold(&d, "ACCESS EXCLUSIVE").await;
+    let r = tokio::time::timeout(Duration::from_secs(20), send_as(&d, "alice", FROM, TO, &m))
+        .await
+        .expect("a reply within 20 s while a foreign transaction holds the lock");
     assert_eq!(r.code, 451, "{r:?}");
     assert!(r.has("E01033") && r.has("4.3.0"), "{r:?}");
-    blocker.execute_batch("ROLLBACK").expect("unlock");
+    blocker.release().await;
     assert_eq!(d.queue_count(), 0);
 
     // The ledger cannot be read at all.
-    d.db()
-        .execute_batch("ALTER TABLE ledger RENAME TO ledger_gone")
-        .expect("rename");
+    d.execute("ALTER TABLE ledger RENAME TO ledger_gone");
     let r = send_as(&d, "alice", FROM, TO, &m).await;
     assert!(r.code == 451 && r.has("E01033"), "{r:?}");
     assert_eq!(d.queue_count(), 0);
-    d.db()
-        .execute_batch("ALTER TABLE ledger_gone RENAME TO ledger")
-        .expect("rename back");
+    d.execute("ALTER TABLE ledger_gone RENAME TO ledger");
 
     let r = send_as(&d, "alice", FROM, TO, &m).await;
     assert_eq!(r.code, 250, "{r:?}");
@@ -412,14 +452,9 @@ async fn kill_9_under_load_then_every_key_retried() {
     for t in retries {
         t.await.expect("retry task");
     }
-    let db = d.db();
-    let dupes: i64 = db
-        .query_row(
-            "SELECT COUNT(*) FROM (SELECT idempotency_key FROM queue GROUP BY idempotency_key HAVING COUNT(*) > 1)",
-            [],
-            |r| r.get(0),
-        )
-        .expect("query");
+    let dupes = d.count(
+        "SELECT COUNT(*) FROM (SELECT idempotency_key FROM queue GROUP BY idempotency_key HAVING COUNT(*) > 1) AS twice",
+    );
     assert_eq!(dupes, 0, "no key has two queue rows");
     assert_eq!(d.queue_count(), (CLIENTS * PER_CLIENT) as i64);
 }
@@ -474,10 +509,7 @@ async fn retention_expiry_and_purge() {
     // The purge removes expired entries in the background.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let n: i64 = d
-            .db()
-            .query_row("SELECT COUNT(*) FROM ledger", [], |r| r.get(0))
-            .expect("count");
+        let n = d.count("SELECT COUNT(*) FROM ledger");
         if n == 0 {
             break;
         }

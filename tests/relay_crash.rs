@@ -2,7 +2,8 @@
 //! lost and none is relayed twice to a next hop that honours the key. Two
 //! real daemons, A relaying to B (a second smtp-once as A's smarthost);
 //! clients keep submitting to A while A relays, and A is killed in the
-//! middle of it.
+//! middle of it. Runs on SQLite, and on PostgreSQL (A and B each on a
+//! database of its own) under `SMTP_ONCE_TEST_STORE=postgres`.
 
 mod common;
 
@@ -55,6 +56,9 @@ fn per_key<T: rusqlite::types::FromSql>(d: &Daemon, sql: &str) -> HashMap<String
 
 /// Keys in a daemon's queue, with the number of rows each.
 fn rows_per_key(d: &Daemon) -> HashMap<String, i64> {
+    if let Some(db) = &d.pg {
+        return common::pg::block_on(db.rows_per_key());
+    }
     per_key(
         d,
         "SELECT idempotency_key, COUNT(*) FROM queue GROUP BY idempotency_key",
@@ -63,6 +67,9 @@ fn rows_per_key(d: &Daemon) -> HashMap<String, i64> {
 
 /// A's queue: key -> state.
 fn states(d: &Daemon) -> HashMap<String, String> {
+    if let Some(db) = &d.pg {
+        return common::pg::block_on(db.states());
+    }
     per_key(d, "SELECT idempotency_key, state FROM queue")
 }
 

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod pg;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -58,6 +59,24 @@ pub struct Options {
     pub env: Vec<(&'static str, &'static str)>,
     /// Global flags before `serve` (e.g. `--log-format json`).
     pub global_args: Vec<&'static str>,
+    /// Where the ledger and queue live (default: SQLite in the data
+    /// directory, or a fresh PostgreSQL database under
+    /// `SMTP_ONCE_TEST_STORE=postgres`).
+    pub store: Store,
+    /// `[server] node_id`.
+    pub node_id: Option<String>,
+}
+
+/// The store a test daemon runs on.
+#[derive(Clone, Default)]
+pub enum Store {
+    /// SQLite, or PostgreSQL when `SMTP_ONCE_TEST_STORE=postgres`.
+    #[default]
+    FromEnv,
+    /// SQLite whatever the environment says.
+    Sqlite,
+    /// This database (several daemons can share one).
+    Postgres(Arc<pg::TestDb>),
 }
 
 impl Default for Options {
@@ -78,6 +97,8 @@ impl Default for Options {
             plain_addr: None,
             env: Vec::new(),
             global_args: Vec::new(),
+            store: Store::FromEnv,
+            node_id: None,
         }
     }
 }
@@ -100,6 +121,8 @@ pub struct Daemon {
     /// metrics on ADDR", printed before the listening lines).
     pub metrics: Option<SocketAddr>,
     pub global_args: Vec<&'static str>,
+    /// The PostgreSQL database this daemon uses, if any (SQLite otherwise).
+    pub pg: Option<Arc<pg::TestDb>>,
 }
 
 pub fn repo_path(rel: &str) -> PathBuf {
@@ -107,10 +130,18 @@ pub fn repo_path(rel: &str) -> PathBuf {
 }
 
 impl Daemon {
-    pub fn start(options: Options) -> Daemon {
+    pub fn start(mut options: Options) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
+        if matches!(options.store, Store::FromEnv) && pg::enabled_by_env() {
+            options.store = Store::Postgres(Arc::new(pg::TestDb::create()));
+        }
         let text = config_text(&options, dir.path());
-        Self::with_config_args(dir, &text, options.env, options.global_args)
+        let mut d = Self::prepare(dir, &text, options.env, options.global_args);
+        if let Store::Postgres(db) = options.store {
+            d.pg = Some(db);
+        }
+        d.spawn();
+        d
     }
 
     /// Runs the binary on `text` as its config file, in `dir`. Listener
@@ -125,9 +156,20 @@ impl Daemon {
         env: Vec<(&'static str, &'static str)>,
         global_args: Vec<&'static str>,
     ) -> Daemon {
+        let mut d = Self::prepare(dir, text, env, global_args);
+        d.spawn();
+        d
+    }
+
+    fn prepare(
+        dir: tempfile::TempDir,
+        text: &str,
+        env: Vec<(&'static str, &'static str)>,
+        global_args: Vec<&'static str>,
+    ) -> Daemon {
         let config_path = dir.path().join("smtp-once.toml");
         std::fs::write(&config_path, text).expect("write config");
-        let mut d = Daemon {
+        Daemon {
             addrs: Vec::new(),
             http: None,
             child: None,
@@ -140,9 +182,8 @@ impl Daemon {
             env,
             metrics: None,
             global_args,
-        };
-        d.spawn();
-        d
+            pg: None,
+        }
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -255,7 +296,13 @@ impl Daemon {
         self.spawn();
     }
 
+    /// The SQLite database (a daemon on PostgreSQL has none: see `pg`).
     pub fn db(&self) -> rusqlite::Connection {
+        assert!(
+            self.pg.is_none(),
+            "this daemon runs on PostgreSQL ({}): use `pg` or `count`",
+            self.pg.as_ref().map_or("", |db| db.name.as_str())
+        );
         let conn =
             rusqlite::Connection::open(self.data_dir().join("smtp-once.db")).expect("open db");
         conn.busy_timeout(Duration::from_secs(10))
@@ -263,13 +310,37 @@ impl Daemon {
         conn
     }
 
+    /// The one integer of a query such as `SELECT COUNT(*) FROM ...`
+    /// (SQL that SQLite and PostgreSQL both read), on this daemon's store.
+    pub fn count(&self, sql: &str) -> i64 {
+        match &self.pg {
+            Some(db) => pg::block_on(db.count(sql)),
+            None => self
+                .db()
+                .query_row(sql, [], |r| r.get(0))
+                .unwrap_or_else(|e| panic!("{sql}: {e}")),
+        }
+    }
+
+    /// Runs SQL (statements separated by `;`) on this daemon's store.
+    pub fn execute(&self, sql: &str) {
+        match &self.pg {
+            Some(db) => pg::block_on(db.execute(sql)),
+            None => self
+                .db()
+                .execute_batch(sql)
+                .unwrap_or_else(|e| panic!("{sql}: {e}")),
+        }
+    }
+
     pub fn queue_count(&self) -> i64 {
-        self.db()
-            .query_row("SELECT COUNT(*) FROM queue", [], |r| r.get(0))
-            .expect("count")
+        self.count("SELECT COUNT(*) FROM queue")
     }
 
     pub fn queue_ids_for_key(&self, key: &str) -> Vec<String> {
+        if let Some(db) = &self.pg {
+            return pg::block_on(db.queue_ids_for_key(key));
+        }
         let db = self.db();
         let mut stmt = db
             .prepare("SELECT id FROM queue WHERE idempotency_key = ?1 ORDER BY id")
@@ -310,7 +381,8 @@ fn api_key_hash(token: &str) -> String {
         .collect()
 }
 
-fn config_text(o: &Options, dir: &Path) -> String {
+/// The config file `Daemon::start` writes for `o` in `dir`.
+pub fn config_text(o: &Options, dir: &Path) -> String {
     let mut users = String::new();
     for ((name, _, workspace, senders), hash) in USERS.iter().zip(user_hashes()) {
         users.push_str(&format!(
@@ -329,6 +401,15 @@ fn config_text(o: &Options, dir: &Path) -> String {
         )
     });
     let plain_addr = o.plain_addr.as_deref().unwrap_or("127.0.0.1:0");
+    let node_id = o
+        .node_id
+        .as_ref()
+        .map(|n| format!("node_id = \"{n}\"\n"))
+        .unwrap_or_default();
+    let store = match &o.store {
+        Store::Postgres(db) => db.store_section(),
+        Store::FromEnv | Store::Sqlite => String::new(),
+    };
     let trusted = o
         .trusted_network
         .map(|(cidr, ws)| format!("[[trusted_network]]\ncidr = \"{cidr}\"\nworkspace = \"{ws}\"\n"))
@@ -342,7 +423,7 @@ max_recipients = {rcpts}
 max_connections = {conns}
 command_timeout = "{timeout}"
 shutdown_grace = "10s"
-
+{node_id}
 [[listener]]
 addr = "{plain_addr}"
 tls = "none"
@@ -372,7 +453,7 @@ purge_interval = "{purge}"
 
 {relay}
 {extra}
-"#,
+{store}"#,
         data = dir.join("data").display(),
         size = o.max_message_size,
         rcpts = o.max_recipients,
