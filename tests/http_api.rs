@@ -318,11 +318,12 @@ async fn a_same_key_storm_over_http_and_smtp_leaves_one_message() {
 async fn a_kill_after_commit_then_the_retry_gets_the_replay() {
     let mut d = daemon();
     let api = d.http.expect("http listener");
-    post("alice", Some("crash"), &raw_message("crash"))
-        .send_and_vanish(api)
+    let unread = post("alice", Some("crash"), &raw_message("crash"))
+        .send_and_hold(api)
         .await;
     wait_until("committed", 20, || (d.queue_count() == 1).then_some(())).await;
     d.kill9();
+    drop(unread);
     d.restart();
     let api = d.http.expect("http listener after restart");
     let retry = post("alice", Some("crash"), &raw_message("crash"))

@@ -104,10 +104,13 @@ impl<'a> Request<'a> {
         parse(&raw)
     }
 
-    /// Sends the request and closes the connection without reading.
-    pub async fn send_and_vanish(&self, addr: SocketAddr) {
+    /// Sends the request and returns the open connection without reading
+    /// the answer: a client whose response gets lost. (Closing instead would
+    /// cancel the request, which is then not processed at all.)
+    pub async fn send_and_hold(&self, addr: SocketAddr) -> TcpStream {
         let mut stream = TcpStream::connect(addr).await.expect("connect to the API");
         stream.write_all(&self.bytes()).await.expect("send request");
+        stream
     }
 }
 

@@ -39,6 +39,8 @@ pub struct PgStore {
     node_id: String,
     /// LISTENs for mail queued by any node (see `listen`).
     listener: tokio::task::JoinHandle<()>,
+    /// Holds this node's id (see `hold_node_id`) for the life of the store.
+    node_lock: tokio::task::JoinHandle<()>,
 }
 
 /// Plain values, so configuration can hand them over without this module
@@ -54,8 +56,18 @@ impl PgStore {
     /// Connects, migrates the schema (one node at a time; refuses a schema
     /// newer than this binary) and starts the writer.
     pub async fn open(o: PgOptions<'_>) -> Result<Self, StoreError> {
-        let config = tokio_postgres::Config::from_str(o.url)
+        let mut config = tokio_postgres::Config::from_str(o.url)
             .map_err(|e| StoreError::Unavailable(format!("store.url: {e}")))?;
+        // A lock held elsewhere (an operator's LOCK TABLE, a stuck
+        // session) makes a statement fail after this, as SQLite's busy
+        // timeout does, so a client gets E01033 instead of waiting forever.
+        let options = format!(
+            "{} -c lock_timeout={} -c statement_timeout={}",
+            config.get_options().unwrap_or_default(),
+            LOCK_TIMEOUT.as_millis(),
+            STATEMENT_TIMEOUT.as_millis()
+        );
+        config.options(options.trim());
         let tls = tokio_postgres_rustls::MakeRustlsConnect::new(
             crate::tls::client_config(o.ca_file).map_err(StoreError::Unavailable)?,
         );
@@ -80,6 +92,7 @@ impl PgStore {
             .map_err(|e| StoreError::Unavailable(format!("cannot connect to PostgreSQL: {e}")))?;
         let version = schema::migrate(&mut client).await?;
         drop(client);
+        let node_lock = hold_node_id(&config, &tls, o.node_id).await?;
         tracing::info!(
             schema_version = version,
             node_id = o.node_id,
@@ -95,6 +108,7 @@ impl PgStore {
             queued,
             node_id: o.node_id.to_owned(),
             listener,
+            node_lock,
         })
     }
 
@@ -104,6 +118,7 @@ impl PgStore {
             jobs.take();
         }
         self.listener.abort();
+        self.node_lock.abort();
     }
 
     fn submit<T: Send + 'static>(
@@ -180,6 +195,53 @@ async fn listen(
     }
 }
 
+/// Statements wait at most this long for a lock (SQLite's busy timeout).
+const LOCK_TIMEOUT: Duration = Duration::from_secs(2);
+/// And take at most this long in all.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(60);
+/// `pg_advisory_lock(class, id)` class for node ids.
+const NODE_ID_LOCK_CLASS: i32 = 0x736f; // "so"
+
+/// Takes a session advisory lock on `node_id` on a connection of its own,
+/// held until the process ends (the server releases it when the connection
+/// drops, a crash included). Two live nodes with one id would give back
+/// each other's delivery leases at start and send those messages twice, so
+/// the second one refuses to start.
+async fn hold_node_id(
+    config: &tokio_postgres::Config,
+    tls: &tokio_postgres_rustls::MakeRustlsConnect,
+    node_id: &str,
+) -> Result<tokio::task::JoinHandle<()>, StoreError> {
+    let (client, connection) = config.connect(tls.clone()).await.map_err(|e| {
+        StoreError::Unavailable(format!("cannot connect to PostgreSQL: {}", describe(&e)))
+    })?;
+    let driver = tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::error!(error = %describe(&e), "lost the connection that holds this node's id");
+        }
+    });
+    let held: bool = client
+        .query_one(
+            "SELECT pg_try_advisory_lock($1, hashtext($2))",
+            &[&NODE_ID_LOCK_CLASS, &node_id],
+        )
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("cannot lock the node id: {}", describe(&e))))?
+        .get(0);
+    if !held {
+        driver.abort();
+        return Err(StoreError::Unavailable(format!(
+            "node_id {node_id:?} is in use by another running node on this database: \
+             give each node its own server.node_id"
+        )));
+    }
+    // The client must live as long as the lock: it moves into the task.
+    Ok(tokio::spawn(async move {
+        let _client = client;
+        let _ = driver.await;
+    }))
+}
+
 /// The error's words, with the server's message when there is one.
 pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
@@ -191,11 +253,24 @@ pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
 /// A lost or refused connection is "unavailable"; a failed statement is a
 /// transient failure of that attempt.
 pub(crate) fn classify(e: &tokio_postgres::Error) -> StoreError {
-    if e.is_closed() || e.as_db_error().is_none() {
+    if unreachable(e) {
         StoreError::Unavailable(describe(e))
     } else {
         StoreError::Transient(describe(e))
     }
+}
+
+/// The server cannot do the work now: the connection is gone, or a lock or
+/// the statement deadline ran out (lock_not_available, query_canceled).
+pub(crate) fn unreachable(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    e.is_closed()
+        || match e.as_db_error() {
+            None => true,
+            Some(db) => {
+                *db.code() == SqlState::LOCK_NOT_AVAILABLE || *db.code() == SqlState::QUERY_CANCELED
+            }
+        }
 }
 
 /// One statement per acceptance (ledger entry, queue row and body as

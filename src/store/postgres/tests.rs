@@ -371,3 +371,76 @@ async fn ready_and_queue_depth_then_not_ready_once_the_database_is_gone() {
     );
     store.close();
 }
+
+#[tokio::test]
+async fn a_second_live_node_with_the_same_id_is_refused() {
+    let db = TestDb::new().await;
+    let first = db.node("same").await;
+    let url = db.url();
+    let open = || {
+        PgStore::open(PgOptions {
+            url: &url,
+            pool_size: 2,
+            ca_file: None,
+            node_id: "same",
+        })
+    };
+    match open().await {
+        Err(StoreError::Unavailable(why)) => assert!(why.contains("in use"), "{why}"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("two live nodes share an id"),
+    }
+    // Once the first is gone (a crash drops its connection the same way),
+    // the id is free again.
+    first.close();
+    let again = wait_for(open).await;
+    again.close();
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_lock_held_elsewhere_is_unavailable_after_the_lock_timeout() {
+    let db = TestDb::new().await;
+    let a = db.node("a").await;
+    let mut other = db.sql().await;
+    let tx = other.transaction().await.expect("begin");
+    tx.batch_execute("LOCK TABLE ledger IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock");
+    let started = std::time::Instant::now();
+    let looked = a.lookup("ws", "k", 0).await;
+    assert!(
+        matches!(looked, Err(StoreError::Unavailable(_))),
+        "{looked:?}"
+    );
+    let committed = a.commit(acceptance("L1", Some("k"), "x")).await;
+    assert!(
+        matches!(committed, Err(StoreError::Unavailable(_))),
+        "{committed:?}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    tx.rollback().await.expect("rollback");
+    assert_eq!(
+        a.commit(acceptance("L2", Some("k"), "x"))
+            .await
+            .expect("commit"),
+        CommitOutcome::Committed
+    );
+    db.drop_db().await;
+}
+
+/// Retries `open` for a few seconds (the server notices a closed
+/// connection a moment later).
+async fn wait_for<F, Fut>(open: F) -> PgStore
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<PgStore, StoreError>>,
+{
+    for _ in 0..50 {
+        if let Ok(store) = open().await {
+            return store;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("the node id stayed taken");
+}

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use deadpool_postgres::{ClientWrapper, Object, Pool};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use super::{QUEUED_CHANNEL, classify, describe};
+use super::{QUEUED_CHANNEL, classify, describe, unreachable};
 use crate::store::{BoxFuture, StoreError};
 
 /// Upper bound on jobs per transaction, to bound latency and memory.
@@ -136,11 +136,13 @@ pub async fn run(pool: Pool, mut jobs: mpsc::UnboundedReceiver<Job>, queued: Arc
 async fn execute_batch(c: &ClientWrapper, batch: &mut Vec<Job>) -> Vec<(Job, Option<StoreError>)> {
     match apply_all(c, batch).await {
         Ok(()) => batch.drain(..).map(|job| (job, None)).collect(),
-        Err(e) if c.is_closed() => {
+        Err(e) if unreachable(&e) => {
             // COMMIT's answer may be what was lost: the batch may or may
             // not be in. Unavailable (451) is true either way, and a
-            // client's retry then finds the replay or a free key.
-            let why = format!("PostgreSQL connection lost: {}", describe(&e));
+            // client's retry then finds the replay or a free key. A lock
+            // that did not come in time would not come for each job alone
+            // either: no one-by-one retry.
+            let why = format!("PostgreSQL unavailable: {}", describe(&e));
             tracing::warn!("{why}");
             batch
                 .drain(..)
