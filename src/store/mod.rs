@@ -1,6 +1,7 @@
-//! Durable state behind one small trait, so a PostgreSQL backend can sit
-//! beside SQLite: the idempotency ledger and the outbound queue, always
-//! written together.
+//! Durable state behind small traits, one per path: `Store` (acceptance:
+//! the idempotency ledger and the outbound queue, always written together),
+//! `DeliveryQueue` (delivery) and `StatusReader` (the HTTP API), with
+//! `sqlite` (one node, embedded) and `postgres` (several nodes) side by side.
 
 pub mod postgres;
 pub mod queue;
