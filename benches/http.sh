@@ -14,6 +14,7 @@ ROUNDS=${ROUNDS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-15}
 CONNS=${CONNS:-32}
 SIZE=${SIZE:-4096}
+SCRAPE=${SCRAPE:-1}   # 0: no /metrics scrapes during the HTTP runs
 WORKDIR=${WORKDIR:-/tmp/smtp-once-http-bench}
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 command -v wrk >/dev/null || { apt-get install -y wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)" >&2; exit 1; }; }
@@ -59,9 +60,10 @@ for round in $(seq "$ROUNDS"); do
   read -r s_rate s_p99 s_ok < <(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print(round(r["msgs_per_sec"]), r["latency_ms"]["p99"], r["replies"].get("250",0))' "$smtp")
   acked=$((acked + s_ok))
   # Scrape /metrics every 0.5 s while wrk runs.
-  ( for _ in $(seq $((SECONDS_PER_RUN * 2))); do curl -s -o /dev/null -w '%{time_total}\n' http://127.0.0.1:25303/metrics; sleep 0.5; done ) > "$WORKDIR/scrapes" &
+  ( [ "$SCRAPE" = 1 ] || { echo 0; exit 0; }; for _ in $(seq $((SECONDS_PER_RUN * 2))); do curl -s -o /dev/null -w '%{time_total}\n' http://127.0.0.1:25303/metrics; sleep 0.5; done ) > "$WORKDIR/scrapes" &
   SCRAPER=$!
   out=$(TOKEN=$TOKEN PREFIX="r$round" SIZE=$SIZE wrk -t2 -c"$CONNS" -d"${SECONDS_PER_RUN}s" -s benches/http_submit.lua http://127.0.0.1:25302 | grep '^JSON ' | cut -c6-)
+  echo "wrk: $out" >> "$WORKDIR/../http-bench-wrk.log"
   wait $SCRAPER || true
   read -r h_rate h_p99 h_ok h_err < <(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print(round(r["requests"]/r["seconds"]), r["p99_ms"], r["requests"], r["errors"])' "$out")
   acked=$((acked + h_ok - h_err))

@@ -36,7 +36,7 @@ function response(status, headers, body)
 end
 
 function done(summary, latency, requests)
-  io.write(string.format("JSON {\"requests\": %d, \"seconds\": %.3f, \"p50_ms\": %.3f, \"p99_ms\": %.3f, \"errors\": %d}\n",
-    summary.requests, summary.duration / 1e6, latency:percentile(50) / 1000, latency:percentile(99) / 1000,
+  io.write(string.format("JSON {\"requests\": %d, \"seconds\": %.3f, \"p50_ms\": %.3f, \"p90_ms\": %.3f, \"p99_ms\": %.3f, \"errors\": %d}\n",
+    summary.requests, summary.duration / 1e6, latency:percentile(50) / 1000, latency:percentile(90) / 1000, latency:percentile(99) / 1000,
     summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout + summary.errors.status))
 end
