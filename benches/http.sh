@@ -63,7 +63,7 @@ for round in $(seq "$ROUNDS"); do
   ( [ "$SCRAPE" = 1 ] || { echo 0; exit 0; }; for _ in $(seq $((SECONDS_PER_RUN * 2))); do curl -s -o /dev/null -w '%{time_total}\n' http://127.0.0.1:25303/metrics; sleep 0.5; done ) > "$WORKDIR/scrapes" &
   SCRAPER=$!
   out=$(TOKEN=$TOKEN PREFIX="r$round" SIZE=$SIZE wrk -t2 -c"$CONNS" -d"${SECONDS_PER_RUN}s" -s benches/http_submit.lua http://127.0.0.1:25302 | grep '^JSON ' | cut -c6-)
-  echo "wrk: $out" >> "$WORKDIR/../http-bench-wrk.log"
+  echo "round $round wrk: $out" >&2
   wait $SCRAPER || true
   read -r h_rate h_p99 h_ok h_err < <(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print(round(r["requests"]/r["seconds"]), r["p99_ms"], r["requests"], r["errors"])' "$out")
   acked=$((acked + h_ok - h_err))
