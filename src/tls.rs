@@ -56,16 +56,12 @@ pub fn client_connector(ca_file: Option<&Path>) -> Result<tokio_rustls::TlsConne
     // mail-send's system-roots connector uses the process-wide provider:
     // make sure it is ring's.
     install_crypto_provider();
-    let Some(path) = ca_file else {
-        return mail_send::smtp::tls::build_tls_connector(false);
-    };
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("tls: {e}"))?
-        .with_root_certificates(load_roots(path)?)
-        .with_no_client_auth();
-    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+    match ca_file {
+        None => mail_send::smtp::tls::build_tls_connector(false),
+        Some(path) => Ok(tokio_rustls::TlsConnector::from(Arc::new(
+            verifying_config(path)?,
+        ))),
+    }
 }
 
 /// A rustls client configuration (ring) for the PostgreSQL store, with
@@ -75,19 +71,34 @@ pub fn client_connector(ca_file: Option<&Path>) -> Result<tokio_rustls::TlsConne
 /// `verify-full`, which tokio-postgres does not parse).
 pub fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
     install_crypto_provider();
+    match ca_file {
+        Some(path) => verifying_config(path),
+        None => encrypt_only_config().map_err(|e| format!("tls: {e}")),
+    }
+}
+
+/// Servers must present a certificate that chains to `ca_file`.
+fn verifying_config(ca_file: &Path) -> Result<rustls::ClientConfig, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("tls: {e}"))?;
-    Ok(match ca_file {
-        Some(path) => builder
-            .with_root_certificates(load_roots(path)?)
-            .with_no_client_auth(),
-        None => builder
+        .map_err(|e| format!("tls: {e}"))?
+        .with_root_certificates(load_roots(ca_file)?)
+        .with_no_client_auth())
+}
+
+/// DANGER: any server certificate is accepted (see `EncryptOnly`). For
+/// libpq-style `sslmode=prefer` and for `smtp-once bench` against a
+/// self-signed dev certificate; never for verifying a next hop.
+pub fn encrypt_only_config() -> Result<rustls::ClientConfig, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(
+        rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(EncryptOnly(provider)))
             .with_no_client_auth(),
-    })
+    )
 }
 
 /// Accepts any certificate, still checking the handshake's signatures:
