@@ -36,9 +36,18 @@ pub async fn submit(
 }
 
 /// Refused before the pipeline: counted here (the pipeline counts its own).
-fn refused(outcome: Outcome, encoded: Vec<u8>) -> Response {
+fn refused(outcome: Outcome, status: u16, code: &str, message: &str) -> Response {
     metrics::global().submission(metrics::Channel::Http, outcome);
-    respond(encoded)
+    respond(channel::error(status, code, message))
+}
+
+/// The request itself is wrong (size, type, envelope, key encoding).
+fn invalid(status: u16, code: &str, message: &str) -> Response {
+    refused(Outcome::Invalid, status, code, message)
+}
+
+fn too_large(max: usize) -> Response {
+    invalid(413, "TooLarge", &format!("the body is over {max} bytes"))
 }
 
 async fn handle(
@@ -58,40 +67,20 @@ async fn handle(
     let body = match body {
         Ok(body) => body,
         Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return refused(
-                Outcome::Invalid,
-                channel::error(
-                    413,
-                    "TooLarge",
-                    &format!("the body is over {} bytes", api.max_message_size),
-                ),
-            );
+            return too_large(api.max_message_size);
         }
         Err(rejection) => {
-            return refused(
-                Outcome::Invalid,
-                channel::error(400, "BadRequest", &rejection.body_text()),
-            );
+            return invalid(400, "BadRequest", &rejection.body_text());
         }
     };
     if body.len() > api.max_message_size {
-        return refused(
-            Outcome::Invalid,
-            channel::error(
-                413,
-                "TooLarge",
-                &format!("the body is over {} bytes", api.max_message_size),
-            ),
-        );
+        return too_large(api.max_message_size);
     }
     let key = match headers.get("idempotency-key").map(|v| v.to_str()) {
         None => None,
         Some(Ok(k)) => Some(k.to_owned()),
         Some(Err(_)) => {
-            return refused(
-                Outcome::Invalid,
-                channel::error(422, "E01001", "Idempotency-Key is not visible ASCII"),
-            );
+            return invalid(422, "E01001", "Idempotency-Key is not visible ASCII");
         }
     };
     let query = uri.query().unwrap_or_default();
@@ -123,13 +112,10 @@ async fn handle(
             (compose::from_json(&body), Some(hash))
         }
         _ => {
-            return refused(
-                Outcome::Invalid,
-                channel::error(
-                    415,
-                    "UnsupportedMediaType",
-                    "Content-Type must be message/rfc822 or application/json",
-                ),
+            return invalid(
+                415,
+                "UnsupportedMediaType",
+                "Content-Type must be message/rfc822 or application/json",
             );
         }
     };
@@ -140,20 +126,14 @@ async fn handle(
     } = match composed {
         Ok(c) => c,
         Err(e) => {
-            return refused(
-                Outcome::Invalid,
-                channel::error(400, "BadRequest", &e.to_string()),
-            );
+            return invalid(400, "BadRequest", &e.to_string());
         }
     };
     if recipients.len() > api.max_recipients {
-        return refused(
-            Outcome::Invalid,
-            channel::error(
-                400,
-                "BadRequest",
-                &format!("more than {} recipients", api.max_recipients),
-            ),
+        return invalid(
+            400,
+            "BadRequest",
+            &format!("more than {} recipients", api.max_recipients),
         );
     }
     let allowed = ReversePath::parse(&reverse_path)
@@ -163,11 +143,9 @@ async fn handle(
         tracing::info!(account = submitter.name(), sender = ?reverse_path, "HTTP submission refused: sender not allowed");
         return refused(
             Outcome::Rejected,
-            channel::error(
-                403,
-                "SenderNotAllowed",
-                &format!("this API key may not send as {reverse_path}"),
-            ),
+            403,
+            "SenderNotAllowed",
+            &format!("this API key may not send as {reverse_path}"),
         );
     }
     let source = KeySource::Request {

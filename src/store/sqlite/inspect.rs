@@ -119,24 +119,24 @@ impl Inspector {
         if !has_table {
             return Ok(Vec::new());
         }
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT at, recipient, outcome, reply, next_hop FROM delivery_attempt
-                 WHERE queue_id = ?1 ORDER BY id",
-            )
-            .map_err(classify)?;
-        let rows = stmt
-            .query_map([id], |r| {
-                Ok(AttemptRecord {
-                    at: r.get(0)?,
-                    recipient: r.get(1)?,
-                    outcome: r.get(2)?,
-                    reply: r.get(3)?,
-                    next_hop: r.get(4)?,
-                })
-            })
-            .map_err(classify)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(classify)
+        attempts_on(&self.conn, id).map_err(classify)
     }
+}
+
+/// A message's delivery attempts, oldest first.
+pub(super) fn attempts_on(conn: &Connection, id: &str) -> rusqlite::Result<Vec<AttemptRecord>> {
+    conn.prepare_cached(
+        "SELECT at, recipient, outcome, reply, next_hop FROM delivery_attempt
+         WHERE queue_id = ?1 ORDER BY id",
+    )?
+    .query_map([id], |r| {
+        Ok(AttemptRecord {
+            at: r.get(0)?,
+            recipient: r.get(1)?,
+            outcome: r.get(2)?,
+            reply: r.get(3)?,
+            next_hop: r.get(4)?,
+        })
+    })?
+    .collect()
 }

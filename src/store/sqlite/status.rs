@@ -3,9 +3,10 @@
 use rusqlite::{OptionalExtension, params};
 
 use super::SqliteStore;
-use super::inspect::{COLUMNS, status_from_row};
+use super::inspect::{COLUMNS, attempts_on, status_from_row};
+use super::queue::read_blocking;
 use crate::store::{
-    AttemptRecord, BoxFuture, MessageDetail, MessageState, MessageStatus, StatusReader, StoreError,
+    BoxFuture, MessageDetail, MessageState, MessageStatus, StatusReader, StoreError,
 };
 
 impl StatusReader for SqliteStore {
@@ -16,39 +17,19 @@ impl StatusReader for SqliteStore {
     ) -> BoxFuture<'static, Result<Option<MessageDetail>, StoreError>> {
         let readers = self.readers.clone();
         let (workspace, id) = (workspace.to_owned(), id.to_owned());
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || {
-                readers.read(|conn| {
-                    let Some(status) = conn
-                        .prepare_cached(&format!(
-                            "SELECT {COLUMNS} FROM queue WHERE id = ?1 AND workspace = ?2"
-                        ))?
-                        .query_row(params![id, workspace], status_from_row)
-                        .optional()?
-                    else {
-                        return Ok(None);
-                    };
-                    let attempts = conn
-                        .prepare_cached(
-                            "SELECT at, recipient, outcome, reply, next_hop FROM delivery_attempt
-                             WHERE queue_id = ?1 ORDER BY id",
-                        )?
-                        .query_map([&id], |r| {
-                            Ok(AttemptRecord {
-                                at: r.get(0)?,
-                                recipient: r.get(1)?,
-                                outcome: r.get(2)?,
-                                reply: r.get(3)?,
-                                next_hop: r.get(4)?,
-                            })
-                        })?
-                        .collect::<Result<Vec<_>, _>>()?;
-                    Ok(Some((status, attempts)))
-                })
-            })
-            .await
-            .map_err(|e| StoreError::Transient(format!("reader task failed: {e}")))?
-        })
+        Box::pin(read_blocking(readers, move |conn| {
+            let Some(status) = conn
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM queue WHERE id = ?1 AND workspace = ?2"
+                ))?
+                .query_row(params![id, workspace], status_from_row)
+                .optional()?
+            else {
+                return Ok(None);
+            };
+            let attempts = attempts_on(conn, &id)?;
+            Ok(Some((status, attempts)))
+        }))
     }
 
     fn list(
@@ -61,28 +42,22 @@ impl StatusReader for SqliteStore {
         let readers = self.readers.clone();
         let workspace = workspace.to_owned();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || {
-                readers.read(|conn| {
-                    conn.prepare_cached(&format!(
-                        "SELECT {COLUMNS} FROM queue
+        Box::pin(read_blocking(readers, move |conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM queue
                          WHERE workspace = ?1 AND (?2 IS NULL OR state = ?2) AND id > ?3
                          ORDER BY id LIMIT ?4"
-                    ))?
-                    .query_map(
-                        params![
-                            workspace,
-                            state.map(MessageState::as_str),
-                            after.unwrap_or_default(),
-                            limit
-                        ],
-                        status_from_row,
-                    )?
-                    .collect()
-                })
-            })
-            .await
-            .map_err(|e| StoreError::Transient(format!("reader task failed: {e}")))?
-        })
+            ))?
+            .query_map(
+                params![
+                    workspace,
+                    state.map(MessageState::as_str),
+                    after.unwrap_or_default(),
+                    limit
+                ],
+                status_from_row,
+            )?
+            .collect()
+        }))
     }
 }
