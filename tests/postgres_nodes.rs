@@ -378,13 +378,7 @@ async fn delivery_over_three_nodes_survives_kill_9_of_one() {
     });
     // The pause after the sink's 250 widens the window in which a killed
     // node has relayed a message without recording it.
-    let relay = format!(
-        "[relay]\nmode = \"smarthost\"\nsmarthost = \"{}\"\ntls = \"none\"\n\
-         username = \"bob\"\npassword = \"bob-pw\"\nlease = \"6s\"\ntimeout = \"3s\"\n\
-         poll_interval = \"50ms\"\nretry_schedule = [\"200ms\"]\n\
-         delivery_test_pause_after_send = \"200ms\"\n",
-        sink.plain
-    );
+    let relay = relay_to(&sink, "6s", "3s", "200ms");
     let db = Arc::new(TestDb::create());
     let mut nodes: Vec<Daemon> = (1..=3).map(|n| node(&db, n, Some(relay.clone()))).collect();
 
@@ -532,13 +526,7 @@ async fn a_delivery_longer_than_its_lease_is_renewed_not_taken_over() {
     // The test pause holds the delivering node for 5 s after the sink's
     // 250, well past the 2 s lease: only renewal keeps the other node from
     // claiming the message and relaying it again.
-    let relay = format!(
-        "[relay]\nmode = \"smarthost\"\nsmarthost = \"{}\"\ntls = \"none\"\n\
-         username = \"bob\"\npassword = \"bob-pw\"\nlease = \"2s\"\ntimeout = \"1s\"\n\
-         poll_interval = \"50ms\"\nretry_schedule = [\"200ms\"]\n\
-         delivery_test_pause_after_send = \"5s\"\n",
-        sink.plain
-    );
+    let relay = relay_to(&sink, "2s", "1s", "5s");
     let db = Arc::new(TestDb::create());
     let nodes: Vec<Daemon> = (1..=2).map(|n| node(&db, n, Some(relay.clone()))).collect();
     let mut c = Client::login(nodes[0].plain, "bob").await;
@@ -826,4 +814,16 @@ async fn store_url_is_checked_and_a_newer_schema_is_refused() {
         999,
         "the newer schema is left alone"
     );
+}
+
+/// A `[relay]` section that relays to `sink` as bob, with this lease,
+/// per-command timeout and test pause after the sink's 250.
+fn relay_to(sink: &Daemon, lease: &str, timeout: &str, pause_after_send: &str) -> String {
+    format!(
+        "[relay]\nmode = \"smarthost\"\nsmarthost = \"{}\"\ntls = \"none\"\n\
+         username = \"bob\"\npassword = \"bob-pw\"\nlease = \"{lease}\"\ntimeout = \"{timeout}\"\n\
+         poll_interval = \"50ms\"\nretry_schedule = [\"200ms\"]\n\
+         delivery_test_pause_after_send = \"{pause_after_send}\"\n",
+        sink.plain
+    )
 }
