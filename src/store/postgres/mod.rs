@@ -13,7 +13,7 @@ mod status;
 mod writer;
 
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
@@ -348,16 +348,24 @@ async fn apply_acceptance(c: &ClientWrapper, a: &Acceptance) -> PgResult<CommitO
             &m.body,
         ]);
     }
-    let sql = match (&ledger, &message) {
-        (Some(_), Some(_)) => format!(
+    // The three statements are built once per process, not per acceptance.
+    static BOTH: LazyLock<String> = LazyLock::new(|| {
+        format!(
             "WITH {LEDGER}, {} SELECT COUNT(*) FROM l",
             message_cte(7, "WHERE EXISTS (SELECT 1 FROM l)")
-        ),
-        (Some(_), None) => format!("WITH {LEDGER} SELECT COUNT(*) FROM l"),
-        (None, Some(_)) => format!("WITH {} SELECT COUNT(*) FROM q", message_cte(1, "")),
+        )
+    });
+    static LEDGER_ONLY: LazyLock<String> =
+        LazyLock::new(|| format!("WITH {LEDGER} SELECT COUNT(*) FROM l"));
+    static MESSAGE_ONLY: LazyLock<String> =
+        LazyLock::new(|| format!("WITH {} SELECT COUNT(*) FROM q", message_cte(1, "")));
+    let sql: &str = match (&ledger, &message) {
+        (Some(_), Some(_)) => &BOTH,
+        (Some(_), None) => &LEDGER_ONLY,
+        (None, Some(_)) => &MESSAGE_ONLY,
         (None, None) => return Ok(CommitOutcome::Committed),
     };
-    let row = c.query_one(&c.prepare_cached(&sql).await?, &params).await?;
+    let row = c.query_one(&c.prepare_cached(sql).await?, &params).await?;
     let written: i64 = row.get(0);
     Ok(if ledger.is_some() && written == 0 {
         CommitOutcome::KeyTaken
