@@ -434,3 +434,46 @@ async fn errors_outside_the_pipeline_are_json_too() {
     assert_eq!(doc.json()["openapi"], "3.0.3");
     assert!(doc.json()["paths"]["/v1/messages/{id}"]["get"].is_object());
 }
+
+/// The hostile shapes a body can take go through the same limits as on
+/// SMTP: MIME nested past `max_mime_depth` is refused unparsed (422, not
+/// stored), more recipients than `max_recipients` is a 400, and neither
+/// queues anything.
+#[tokio::test]
+async fn deep_mime_and_too_many_recipients_are_refused_over_http() {
+    let d = Daemon::start(Options {
+        extra: "[http]\naddr = \"127.0.0.1:0\"\n\n[limits]\nmax_mime_depth = 5\n".into(),
+        ..Options::default()
+    });
+    let api = d.http.expect("http listener");
+    let mut deep = String::from("From: alice@example.test\r\nTo: bob@example.net\r\n");
+    for level in 0..50 {
+        deep.push_str(&format!(
+            "Content-Type: multipart/mixed; boundary=\"b{level}\"\r\n\r\n--b{level}\r\n"
+        ));
+    }
+    deep.push_str("\r\ninner\r\n");
+    let r = post("alice", Some("deep"), deep.as_bytes()).send(api).await;
+    assert_eq!(
+        (r.status, r.json()["code"].as_str()),
+        (422, Some("MimeLimits")),
+        "{r:?}"
+    );
+    // Not stored under the key: the same key is free for a sane message.
+    let ok = post("alice", Some("deep"), &raw_message("sane"))
+        .send(api)
+        .await;
+    assert_eq!(ok.status, 202, "{ok:?}");
+
+    let to: String = (0..11).map(|i| format!("&to=r{i}%40example.net")).collect();
+    let many = Request::new(
+        "POST",
+        &format!("/v1/messages?from=alice%40example.test{to}"),
+    )
+    .bearer(&api_token("alice"))
+    .body(RAW, &raw_message("many"))
+    .send(api)
+    .await;
+    assert_eq!(many.status, 400, "{many:?}");
+    assert_eq!(d.queue_count(), 1);
+}
