@@ -4,8 +4,9 @@
 # paused relay (it only queues); per round: `smtp-once bench` over SMTP,
 # then wrk posting raw 4 KiB messages, each with its own Idempotency-Key,
 # over keep-alive connections; during the HTTP run /metrics is scraped and
-# timed. Prints msgs/s, p99 and the HTTP/SMTP ratio per round, and checks
-# that the queue holds exactly what was acknowledged.
+# timed. Prints msgs/s, p99 and the HTTP/SMTP ratio per round, then the
+# latency a plain keep-alive client sees (benches/http_latency.py), and
+# checks that the queue holds exactly what was acknowledged.
 #
 #   benches/http.sh            # 3 rounds of 15 s at 32 connections
 #   ROUNDS=1 SECONDS_PER_RUN=5 benches/http.sh   # quick
@@ -71,6 +72,9 @@ for round in $(seq "$ROUNDS"); do
   printf '%-6s %-5s %10s %9s %14s\n' "$round" smtp "$s_rate" "$s_p99" -
   printf '%-6s %-5s %10s %9s %14s   http/smtp %.2fx, non-2xx %s\n' "$round" http "$h_rate" "$h_p99" "$scrape" "$(python3 -c "print($h_rate/$s_rate)")" "$h_err"
 done
+# The same endpoint through a plain keep-alive client, for its latency.
+python3 benches/http_latency.py http://127.0.0.1:25302 "$TOKEN" 8 400
+acked=$((acked + 8 * 400))
 stored=$(queued)
 # wrk stops at its deadline with up to one request per connection sent but
 # not yet answered: the server may have queued those.
