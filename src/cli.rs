@@ -15,7 +15,9 @@ use crate::metrics_http::MetricsServer;
 use crate::server::Server;
 use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::sqlite::{Inspector, SqliteStore};
-use crate::store::{DeliveryQueue, MessageState, MessageStatus, StatusReader, Store, now_millis};
+use crate::store::{
+    DeliveryQueue, MessageState, MessageStatus, StatusReader, Store, WebhookOutbox, now_millis,
+};
 use crate::trace::rfc5322_date;
 
 #[derive(Parser, Debug)]
@@ -112,6 +114,11 @@ pub enum Command {
         #[arg(required = true)]
         queue_ids: Vec<String>,
     },
+    /// Webhook events: list deliveries, redeliver, re-enable an endpoint.
+    Webhooks {
+        #[command(subcommand)]
+        command: crate::webhook::ops::WebhooksCommand,
+    },
 }
 
 pub fn run(cli: Cli) -> ExitCode {
@@ -141,6 +148,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Hold { config, queue_ids } => operate(config, &queue_ids, Op::Hold),
         Command::Release { config, queue_ids } => operate(config, &queue_ids, Op::Release),
         Command::Delete { config, queue_ids } => operate(config, &queue_ids, Op::Delete),
+        Command::Webhooks { command } => crate::webhook::ops::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -219,7 +227,7 @@ fn serve(path: PathBuf, log_format: LogFormat) -> Result<(), String> {
 }
 
 /// Runs the delivery worker and the server on one store until a signal.
-async fn run_node<S: Store + DeliveryQueue + StatusReader>(
+async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
     config: &Config,
     store: Arc<S>,
 ) -> Result<(), String> {
@@ -228,6 +236,13 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader>(
     let worker = Worker::start(config, store.clone())
         .await
         .map_err(|e| e.to_string())?;
+    let webhooks = crate::webhook::Sender::start(
+        &config.webhooks,
+        store.clone(),
+        config.delivery.keep_finished,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     let metrics = match config.metrics {
         Some(addr) => Some(
             MetricsServer::start(addr, store.clone())
@@ -264,6 +279,10 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader>(
         }
     };
     tokio::join!(server.shutdown(), worker.shutdown(), http_stopped);
+    // After the worker: its last records may have written events.
+    if let Some(webhooks) = webhooks {
+        webhooks.shutdown().await;
+    }
     // Last, so /readyz and /metrics see the whole shutdown.
     if let Some(metrics) = metrics {
         metrics.shutdown().await;

@@ -14,9 +14,11 @@ use crate::auth::{AuthSettings, Cidr, SenderPattern, ThrottleSettings};
 mod http;
 mod parse;
 mod store;
+mod webhook;
 pub use http::{HttpSettings, RawHttp};
 use parse::{drop_repeats, parse_raw};
 pub use store::{PostgresSettings, RawStore, StoreBackend};
+pub use webhook::{RawWebhook, WebhookEndpoint};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -59,6 +61,8 @@ pub struct RawConfig {
     pub http: Option<RawHttp>,
     /// No section: no metrics listener.
     pub metrics: Option<RawMetrics>,
+    #[serde(default, rename = "webhook")]
+    pub webhooks: Vec<RawWebhook>,
 }
 
 /// `[metrics]`: the listener for /metrics, /healthz and /readyz.
@@ -507,6 +511,8 @@ pub struct Config {
     pub limits: Limits,
     /// `[metrics] addr`; `None` without the section.
     pub metrics: Option<SocketAddr>,
+    /// `[[webhook]]` endpoints for delivery-status events.
+    pub webhooks: Vec<WebhookEndpoint>,
 }
 
 /// Deepest `limits.max_mime_depth` allowed: the parse threads' stacks are
@@ -887,6 +893,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
     let http = http::validate_http(raw.http.as_ref(), raw.tls.is_some(), p);
     let node_id = store::node_id(s.node_id.as_deref(), p);
     let auth = validate_auth(&raw.auth, p);
+    let webhooks = webhook::validate_webhooks(&raw.webhooks, base, p);
     let metrics = raw.metrics.as_ref().and_then(|m| {
         let addr = m.addr.parse::<SocketAddr>();
         if addr.is_err() {
@@ -925,6 +932,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         delivery,
         limits,
         metrics,
+        webhooks,
     }
 }
 

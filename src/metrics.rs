@@ -148,6 +148,7 @@ pub struct Metrics {
     queue_messages: Family<StateLabel, Gauge>,
     oldest_queued_seconds: Gauge<f64, AtomicU64>,
     delivery_attempts: Family<OutcomeLabel, Counter>,
+    webhook_attempts: Family<OutcomeLabel, Counter>,
     connections_active: Gauge,
     connections: Counter,
     auth_failures: Family<ReasonLabel, Counter>,
@@ -204,6 +205,12 @@ impl Metrics {
             "Recipient results of delivery attempts by outcome (delivered, deferred, failed, expired)",
             delivery_attempts.clone(),
         );
+        let webhook_attempts = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "webhook_attempts",
+            "Webhook POSTs by what they led to (delivered, retry, failed)",
+            webhook_attempts.clone(),
+        );
         let connections_active = Gauge::default();
         registry.register(
             "smtp_connections_active",
@@ -230,6 +237,7 @@ impl Metrics {
             queue_messages,
             oldest_queued_seconds,
             delivery_attempts,
+            webhook_attempts,
             connections_active,
             connections,
             auth_failures,
@@ -317,6 +325,14 @@ impl Metrics {
     /// the delivery plan: delivered, deferred, failed, expired).
     pub fn delivery_attempt(&self, outcome: &'static str) {
         self.delivery_attempts
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+
+    /// One webhook POST: delivered, retry (scheduled again) or failed (the
+    /// schedule is exhausted).
+    pub fn webhook_attempt(&self, outcome: &'static str) {
+        self.webhook_attempts
             .get_or_create(&OutcomeLabel { outcome })
             .inc();
     }

@@ -31,6 +31,8 @@ use crate::store::{
     UnixMillis, now_millis, queue_id,
 };
 use crate::trace::received_header;
+use crate::webhook::Router;
+use crate::webhook::route::Accepted;
 use channel::{Channel, KeySource, Smtp};
 
 use facts::{Facts, Verdict, strict_fingerprint};
@@ -53,6 +55,8 @@ pub struct Acceptor {
     /// Top-level headers whose values the fingerprint leaves out.
     volatile: Arc<VolatileHeaders>,
     pool: Pool,
+    /// `[[webhook]]` filters: `message.accepted` rows join the commit.
+    webhooks: Router,
 }
 
 /// A key that passed validation, with the request's fingerprint.
@@ -83,7 +87,15 @@ impl Acceptor {
             },
             volatile: Arc::new(volatile),
             pool,
+            webhooks: Router::default(),
         })
+    }
+
+    /// Writes a `message.accepted` event into the outbox with each
+    /// acceptance, for the endpoints that want it.
+    pub fn with_webhooks(mut self, webhooks: Router) -> Self {
+        self.webhooks = webhooks;
+        self
     }
 
     pub fn claims(&self) -> &Claims {
@@ -258,6 +270,7 @@ impl Acceptor {
                 let acceptance = Acceptance {
                     ledger: Some(self.ledger_entry(&workspace, k, reply.clone(), None, now)),
                     message: None,
+                    events: Vec::new(),
                 };
                 return match self.store.commit(acceptance).await {
                     Ok(CommitOutcome::Committed) => (reply, Outcome::Rejected),
@@ -278,7 +291,15 @@ impl Acceptor {
         let ledger =
             keyed.map(|k| self.ledger_entry(&workspace, k, reply.clone(), Some(id.clone()), now));
         let recipients = sub.recipients.len();
+        let events = self.webhooks.accepted(&Accepted {
+            queue_id: &id,
+            workspace: &workspace,
+            idempotency_key: idempotency_key.as_deref(),
+            recipients: &sub.recipients,
+            at: now,
+        });
         let acceptance = Acceptance {
+            events,
             ledger,
             message: Some(NewMessage {
                 id: id.clone(),

@@ -15,7 +15,7 @@ use super::DeliveryError;
 use super::outgoing::Outgoing;
 use super::plan::{Outcome, Plan};
 use crate::store::sqlite::DB_FILE;
-use crate::store::{AttemptOutcome, AttemptRow, ClaimedMessage, NewMessage, UnixMillis};
+use crate::store::{AttemptOutcome, AttemptRow, ClaimedMessage, NewEvent, NewMessage, UnixMillis};
 
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -67,6 +67,7 @@ pub fn outcome(
     plan: &Plan,
     at: UnixMillis,
     bounce: Option<NewMessage>,
+    events: Vec<NewEvent>,
 ) -> AttemptOutcome {
     AttemptOutcome {
         id: id.to_owned(),
@@ -85,6 +86,7 @@ pub fn outcome(
         next_attempt_at: plan.next_attempt_at,
         last_error: plan.last_error.clone(),
         bounce,
+        events,
     }
 }
 

@@ -26,6 +26,8 @@ use crate::store::{
     AttemptOutcome, DeliveryQueue, MessageState, NewMessage, StoreError, UnixMillis, now_millis,
     queue_id,
 };
+use crate::webhook::Router;
+use crate::webhook::route::Attempted;
 
 /// A running worker.
 pub struct Worker {
@@ -51,6 +53,8 @@ struct Ctx {
     in_flight: Mutex<HashSet<String>>,
     /// TEST ONLY: see `relay.delivery_test_pause_after_send`.
     test_pause: Duration,
+    /// `[[webhook]]` filters: each attempt's events join its record.
+    webhooks: Router,
 }
 
 fn millis(d: Duration) -> i64 {
@@ -82,6 +86,7 @@ impl Worker {
             limiter: Limiter::new(d.max_per_destination),
             in_flight: Mutex::new(HashSet::new()),
             test_pause: d.test_pause_after_send,
+            webhooks: Router::new(&config.webhooks),
         });
         if !ctx.test_pause.is_zero() {
             tracing::warn!(pause = ?ctx.test_pause, "relay.delivery_test_pause_after_send is set: TEST ONLY");
@@ -380,7 +385,18 @@ async fn deliver_one(
         );
     }
     let bounce = bounce_for(&ctx, &loaded, &plan, now);
-    record(&ctx, queue::outcome(&id, &plan, now, bounce)).await;
+    let events = ctx.webhooks.attempted(plan.rows.iter().map(|r| Attempted {
+        queue_id: &id,
+        workspace: &loaded.workspace,
+        idempotency_key: loaded.msg.idempotency_key.as_deref(),
+        recipient: &r.recipient,
+        outcome: r.outcome.as_str(),
+        reply: &r.reply,
+        next_hop: r.next_hop.as_deref(),
+        attempt: loaded.attempts + 1,
+        at: now,
+    }));
+    record(&ctx, queue::outcome(&id, &plan, now, bounce, events)).await;
 }
 
 /// One transaction per destination, concurrently, each within the

@@ -41,6 +41,7 @@ pub fn acceptor(config: &Config, store: Arc<dyn Store>) -> Result<Acceptor, Stri
         &config.limits,
         crate::idempotency::volatile::VolatileHeaders::new(config.volatile_headers.iter().cloned()),
     )
+    .map(|a| a.with_webhooks(crate::webhook::Router::new(&config.webhooks)))
 }
 
 /// The account directory from `[[user]]`, `[[trusted_network]]` and `[auth]`.

@@ -3,11 +3,13 @@
 //! `DeliveryQueue` (delivery) and `StatusReader` (the HTTP API), with
 //! `sqlite` (one node, embedded) and `postgres` (several nodes) side by side.
 
+pub mod outbox;
 pub mod postgres;
 pub mod queue;
 pub mod queue_id;
 pub mod sqlite;
 
+pub use outbox::{NewEvent, WebhookOutbox};
 pub use queue::{AttemptOutcome, AttemptRow, ClaimedMessage, DeliveryQueue};
 
 use std::future::Future;
@@ -88,6 +90,9 @@ pub struct NewMessage {
 pub struct Acceptance {
     pub ledger: Option<NewLedgerEntry>,
     pub message: Option<NewMessage>,
+    /// Webhook events caused by this acceptance (the outbox): written with
+    /// it or not at all.
+    pub events: Vec<NewEvent>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

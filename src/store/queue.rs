@@ -5,7 +5,7 @@
 //! Every write goes through the same writer as acceptances, so the two
 //! paths never fight over one lock and share each fsync.
 
-use super::{BoxFuture, MessageState, NewMessage, StoreError, UnixMillis};
+use super::{BoxFuture, MessageState, NewEvent, NewMessage, StoreError, UnixMillis};
 
 /// A claimed message with everything an attempt needs.
 #[derive(Debug, Clone)]
@@ -45,6 +45,8 @@ pub struct AttemptOutcome {
     pub next_attempt_at: Option<UnixMillis>,
     pub last_error: Option<String>,
     pub bounce: Option<NewMessage>,
+    /// Webhook events caused by this attempt, written with its record.
+    pub events: Vec<NewEvent>,
 }
 
 pub trait DeliveryQueue: Send + Sync + 'static {

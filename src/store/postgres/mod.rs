@@ -6,11 +6,14 @@
 //! and then finds taken (E01004), and which a crashed node's dropped
 //! connection releases by itself. Times come from the database's clock.
 
+mod outbox;
 mod probe;
 mod queue;
 mod schema;
 mod status;
 mod writer;
+
+pub use outbox::PgOutboxAdmin;
 
 use std::str::FromStr;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -381,6 +384,7 @@ async fn insert_message(c: &ClientWrapper, m: &NewMessage) -> PgResult<()> {
         &Acceptance {
             ledger: None,
             message: Some(m.clone()),
+            events: Vec::new(),
         },
     )
     .await

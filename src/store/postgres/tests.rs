@@ -108,6 +108,7 @@ fn acceptance(id: &str, key: Option<&str>, body: &str) -> Acceptance {
             body: body.as_bytes().to_vec(),
             created_at: now,
         }),
+        events: Vec::new(),
     }
 }
 
@@ -236,6 +237,7 @@ async fn two_nodes_claim_apart_and_a_dead_nodes_lease_passes_on() {
         next_attempt_at: None,
         last_error: None,
         bounce: None,
+        events: Vec::new(),
     };
     assert_eq!(
         a.record(outcome).await.expect("record"),

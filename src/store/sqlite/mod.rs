@@ -5,6 +5,7 @@
 mod checkpoint;
 mod identity;
 mod inspect;
+mod outbox;
 mod probe;
 mod queue;
 mod schema;
@@ -15,6 +16,7 @@ mod writer;
 
 pub use identity::FileIdentity;
 pub use inspect::Inspector;
+pub use outbox::OutboxDb;
 pub(crate) use writer::insert_message;
 
 use std::fs::File;
@@ -23,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::private_fs;
 use identity::DataDirIdentity;
@@ -47,8 +49,9 @@ pub struct SqliteStore {
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     checkpointer: Mutex<Option<checkpoint::Checkpointer>>,
     readers: Arc<Readers>,
-    /// Signalled after a commit that queued mail (see `DeliveryQueue::queued`).
-    queued: Arc<Notify>,
+    /// Signalled after a commit that queued mail (see `DeliveryQueue::queued`)
+    /// or wrote webhook events (`WebhookOutbox::events_queued`).
+    wakers: writer::Wakers,
     /// The database and lock files this store has open.
     identity: DataDirIdentity,
     /// Held for the life of the store: one process per data directory.
@@ -96,13 +99,13 @@ impl SqliteStore {
         let checkpointer = checkpoint::Checkpointer::spawn(db_path.clone())
             .map_err(|e| StoreError::Unavailable(format!("cannot start checkpoint thread: {e}")))?;
         let (jobs, rx) = mpsc::unbounded_channel();
-        let queued = Arc::new(Notify::new());
+        let wakers = writer::Wakers::default();
         let handle = std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn({
                 let identity = identity.clone();
-                let queued = queued.clone();
-                move || writer::run(conn, rx, identity, queued)
+                let wakers = wakers.clone();
+                move || writer::run(conn, rx, identity, wakers)
             })
             .map_err(|e| StoreError::Unavailable(format!("cannot start writer thread: {e}")))?;
         Ok(Self {
@@ -114,7 +117,7 @@ impl SqliteStore {
                 db_path,
                 idle: Mutex::new(Vec::new()),
             }),
-            queued,
+            wakers,
             identity,
             _lock: lock,
         })

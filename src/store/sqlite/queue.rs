@@ -156,6 +156,7 @@ fn record_on(tx: &Transaction<'_>, o: &AttemptOutcome) -> rusqlite::Result<Optio
     if let Some(bounce) = &o.bounce {
         insert_message(tx, bounce)?;
     }
+    super::outbox::insert_events(tx, &o.events)?;
     Ok(Some(state))
 }
 
@@ -255,9 +256,11 @@ impl DeliveryQueue for SqliteStore {
         outcome: AttemptOutcome,
     ) -> BoxFuture<'static, Result<Option<MessageState>, StoreError>> {
         let queues_mail = outcome.bounce.is_some();
-        self.submit(writer::Job::new(queues_mail, move |tx| {
-            record_on(tx, &outcome)
-        }))
+        let queues_events = !outcome.events.is_empty();
+        self.submit(writer::Job::with_events(
+            writer::Job::new(queues_mail, move |tx| record_on(tx, &outcome)),
+            queues_events,
+        ))
     }
 
     fn renew(
@@ -300,7 +303,7 @@ impl DeliveryQueue for SqliteStore {
     }
 
     fn queued(&self) -> BoxFuture<'static, ()> {
-        let queued = self.queued.clone();
+        let queued = self.wakers.mail.clone();
         Box::pin(async move { queued.notified().await })
     }
 }

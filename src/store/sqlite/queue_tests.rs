@@ -70,6 +70,7 @@ fn attempt(
         next_attempt_at: (state == MessageState::Deferred).then_some(at + 1000),
         last_error: None,
         bounce: None,
+        events: Vec::new(),
     }
 }
 
@@ -207,6 +208,7 @@ async fn an_accepted_message_wakes_the_worker() {
         .commit(Acceptance {
             ledger: None,
             message: Some(message),
+            events: Vec::new(),
         })
         .await
         .expect("commit");

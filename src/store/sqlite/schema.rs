@@ -53,6 +53,36 @@ const MIGRATIONS: &[&str] = &[
         next_hop TEXT
      );
      CREATE INDEX delivery_attempt_queue ON delivery_attempt(queue_id, id);",
+    // 3: the webhook outbox, one row per event and endpoint, written in the
+    //    transaction of the state change it reports; and each endpoint's
+    //    health (failing since, disabled).
+    "CREATE TABLE webhook_outbox (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        webhook_id TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        event_type TEXT NOT NULL,
+        event_at INTEGER NOT NULL,
+        workspace TEXT NOT NULL,
+        queue_id TEXT,
+        payload TEXT NOT NULL,
+        state TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at INTEGER,
+        lease_until INTEGER,
+        last_status INTEGER,
+        last_error TEXT,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL,
+        UNIQUE (webhook_id, endpoint)
+     );
+     CREATE INDEX webhook_outbox_due ON webhook_outbox(state, next_attempt_at);
+     CREATE INDEX webhook_outbox_endpoint ON webhook_outbox(endpoint, id);
+     CREATE TABLE webhook_endpoint (
+        name TEXT PRIMARY KEY,
+        failing_since INTEGER,
+        disabled_at INTEGER,
+        disabled_reason TEXT
+     );",
 ];
 
 pub fn migrate(conn: &mut Connection) -> rusqlite::Result<u32> {

@@ -30,6 +30,7 @@ fn acceptance(id: &str, key: Option<&str>, now: i64, ttl: i64) -> Acceptance {
             body: b"Subject: s\r\n\r\nbody\r\n".to_vec(),
             created_at: now,
         }),
+        events: Vec::new(),
     }
 }
 

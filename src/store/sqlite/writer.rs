@@ -23,6 +23,16 @@ pub struct Job {
     /// The job may put a message in the queue: the delivery worker is woken
     /// after the commit.
     queues_mail: bool,
+    /// The job may write webhook events: the webhook sender is woken.
+    queues_events: bool,
+}
+
+/// Who to wake after a commit: the delivery worker (mail queued) and the
+/// webhook sender (events written).
+#[derive(Clone, Default)]
+pub struct Wakers {
+    pub mail: Arc<Notify>,
+    pub events: Arc<Notify>,
 }
 
 trait Work: Send {
@@ -71,14 +81,34 @@ impl Job {
             value: None,
             reply,
         });
-        (Job { work, queues_mail }, rx)
+        (
+            Job {
+                work,
+                queues_mail,
+                queues_events: false,
+            },
+            rx,
+        )
+    }
+
+    /// Marks the job as one that writes webhook events (if `yes`).
+    pub fn with_events<T>(
+        (mut job, rx): (Self, oneshot::Receiver<T>),
+        yes: bool,
+    ) -> (Self, oneshot::Receiver<T>) {
+        job.queues_events = yes;
+        (job, rx)
     }
 
     pub fn commit(
         acceptance: Acceptance,
     ) -> (Self, oneshot::Receiver<Result<CommitOutcome, StoreError>>) {
         let queues_mail = acceptance.message.is_some();
-        Job::new(queues_mail, move |tx| apply_acceptance(tx, &acceptance))
+        let queues_events = !acceptance.events.is_empty();
+        Job::with_events(
+            Job::new(queues_mail, move |tx| apply_acceptance(tx, &acceptance)),
+            queues_events,
+        )
     }
 
     pub fn purge(
@@ -97,7 +127,7 @@ pub fn run(
     mut conn: Connection,
     mut jobs: mpsc::UnboundedReceiver<Job>,
     identity: DataDirIdentity,
-    queued: Arc<Notify>,
+    wakers: Wakers,
 ) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     let mut gone = false;
@@ -126,12 +156,16 @@ pub fn run(
                     tracing::warn!("the database is back at its path; accepting mail again");
                     gone = false;
                 }
-                let mut woke = false;
+                let (mut woke_worker, mut woke_sender) = (false, false);
                 for (job, error) in answers {
-                    if job.queues_mail && error.is_none() && !woke {
+                    if job.queues_mail && error.is_none() && !woke_worker {
                         // A stored permit if the worker is busy: never lost.
-                        queued.notify_one();
-                        woke = true;
+                        wakers.mail.notify_one();
+                        woke_worker = true;
+                    }
+                    if job.queues_events && error.is_none() && !woke_sender {
+                        wakers.events.notify_one();
+                        woke_sender = true;
                     }
                     job.finish(error);
                 }
@@ -216,6 +250,7 @@ fn apply_acceptance(tx: &Transaction<'_>, a: &Acceptance) -> rusqlite::Result<Co
     if let Some(m) = &a.message {
         insert_message(tx, m)?;
     }
+    super::outbox::insert_events(tx, &a.events)?;
     Ok(CommitOutcome::Committed)
 }
 

@@ -1,0 +1,238 @@
+//! `[[webhook]]`: endpoints that receive delivery-status events, signed per
+//! the Standard Webhooks spec.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine;
+use serde::Deserialize;
+
+use super::{Problems, parse_duration, resolve};
+use crate::event_type::EventType;
+
+/// The spec's schedule: immediately, then 5 s, 5 min, 30 min, 2 h, 5 h,
+/// 10 h, 14 h, 20 h and 24 h after each failure (ten attempts).
+pub const DEFAULT_RETRY_SCHEDULE: [&str; 10] = [
+    "0s", "5s", "5m", "30m", "2h", "5h", "10h", "14h", "20h", "24h",
+];
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWebhook {
+    /// How operators and the outbox name it; default: the URL.
+    pub name: Option<String>,
+    pub url: String,
+    /// `whsec_` + base64 of 24-64 random bytes.
+    pub secret: String,
+    /// Secrets still signed with while receivers move to `secret`.
+    #[serde(default)]
+    pub previous_secrets: Vec<String>,
+    /// Event types sent (default: all).
+    pub events: Option<Vec<String>>,
+    /// Only this workspace's events (default: all).
+    pub workspace: Option<String>,
+    #[serde(default = "default_timeout")]
+    pub timeout: String,
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// An endpoint whose every attempt failed for this long is disabled.
+    #[serde(default = "default_disable_after")]
+    pub disable_after: String,
+    /// Wait before each attempt (the first is usually 0s).
+    pub retry_schedule: Option<Vec<String>>,
+    /// Roots for an `https` endpoint with a private CA (default: the
+    /// system's).
+    pub ca_file: Option<PathBuf>,
+}
+
+fn default_timeout() -> String {
+    "15s".into()
+}
+fn default_max_in_flight() -> usize {
+    16
+}
+fn default_disable_after() -> String {
+    "5d".into()
+}
+
+/// One validated endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookEndpoint {
+    pub name: String,
+    pub url: String,
+    /// Decoded secrets, the current one first.
+    pub secrets: Vec<Vec<u8>>,
+    /// `None`: every event type.
+    pub events: Option<Vec<EventType>>,
+    pub workspace: Option<String>,
+    pub timeout: Duration,
+    pub max_in_flight: usize,
+    pub disable_after: Duration,
+    pub retry_schedule: Vec<Duration>,
+    pub ca_file: Option<PathBuf>,
+}
+
+impl WebhookEndpoint {
+    /// Does this endpoint want `event` of `workspace`?
+    pub fn wants(&self, event: EventType, workspace: &str) -> bool {
+        self.events.as_ref().is_none_or(|e| e.contains(&event))
+            && self.workspace.as_deref().is_none_or(|w| w == workspace)
+    }
+}
+
+/// `whsec_<base64>` with 24 to 64 bytes behind it.
+pub fn parse_secret(value: &str) -> Result<Vec<u8>, String> {
+    let encoded = value
+        .strip_prefix("whsec_")
+        .ok_or("must start with whsec_ (then base64 of 24-64 random bytes)")?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|_| "is not whsec_ followed by standard base64".to_owned())?;
+    if !(24..=64).contains(&bytes.len()) {
+        return Err(format!(
+            "decodes to {} bytes; must be 24 to 64 bytes",
+            bytes.len()
+        ));
+    }
+    Ok(bytes)
+}
+
+fn check_url(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .ok_or("must start with http:// or https://")?;
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if host.is_empty() || host.contains('@') {
+        return Err("needs a host (and no user:password@)".into());
+    }
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("must not contain spaces or control characters".into());
+    }
+    Ok(())
+}
+
+pub(super) fn validate_webhooks(
+    raw: &[RawWebhook],
+    base: &Path,
+    p: &mut Problems,
+) -> Vec<WebhookEndpoint> {
+    let mut names = HashSet::new();
+    let mut out = Vec::new();
+    for (i, w) in raw.iter().enumerate() {
+        let key = |field: &str| format!("webhook[{i}].{field}");
+        if let Err(e) = check_url(&w.url) {
+            p.add(key("url"), format!("{:?} {e}", w.url));
+        }
+        let name = w.name.clone().unwrap_or_else(|| w.url.clone());
+        if name.is_empty() || name.contains(['\n', '\r']) {
+            p.add(key("name"), "must be non-empty and on one line");
+        } else if !names.insert(name.clone()) {
+            p.add(
+                key("name"),
+                format!("{name:?} is used by another [[webhook]] (set distinct names)"),
+            );
+        }
+        let mut secrets = Vec::new();
+        match parse_secret(&w.secret) {
+            Ok(s) => secrets.push(s),
+            Err(e) => p.add(key("secret"), e),
+        }
+        for (j, s) in w.previous_secrets.iter().enumerate() {
+            match parse_secret(s) {
+                Ok(s) => secrets.push(s),
+                Err(e) => p.add(format!("webhook[{i}].previous_secrets[{j}]"), e),
+            }
+        }
+        let events = w.events.as_ref().map(|names| {
+            names
+                .iter()
+                .filter_map(|n| {
+                    let t = EventType::parse(n);
+                    if t.is_none() {
+                        let known: Vec<_> = EventType::ALL.iter().map(|t| t.as_str()).collect();
+                        p.add(
+                            key("events"),
+                            format!("{n:?} is not one of {}", known.join(", ")),
+                        );
+                    }
+                    t
+                })
+                .collect::<Vec<_>>()
+        });
+        let timeout = p.duration(&key("timeout"), &w.timeout);
+        if timeout.is_zero() {
+            p.add(key("timeout"), "must be greater than 0");
+        }
+        if w.max_in_flight == 0 || w.max_in_flight > 1024 {
+            p.add(key("max_in_flight"), "must be between 1 and 1024");
+        }
+        let disable_after = p.duration(&key("disable_after"), &w.disable_after);
+        let schedule_text: Vec<String> = match &w.retry_schedule {
+            Some(s) => s.clone(),
+            None => DEFAULT_RETRY_SCHEDULE
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
+        };
+        if schedule_text.is_empty() {
+            p.add(key("retry_schedule"), "needs at least one entry");
+        }
+        let retry_schedule = schedule_text
+            .iter()
+            .filter_map(|s| {
+                parse_duration(s)
+                    .map_err(|e| p.add(key("retry_schedule"), e))
+                    .ok()
+            })
+            .collect();
+        let ca_file = w.ca_file.as_ref().map(|f| resolve(base, f));
+        if let Some(f) = &ca_file
+            && let Err(e) = crate::tls::load_roots(f)
+        {
+            p.add(key("ca_file"), e);
+        }
+        out.push(WebhookEndpoint {
+            name,
+            url: w.url.clone(),
+            secrets,
+            events,
+            workspace: w.workspace.clone(),
+            timeout,
+            max_in_flight: w.max_in_flight,
+            disable_after,
+            retry_schedule,
+            ca_file,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_need_the_prefix_and_24_to_64_bytes() {
+        let b64 = |n: usize| base64::engine::general_purpose::STANDARD.encode(vec![7u8; n]);
+        assert_eq!(
+            parse_secret(&format!("whsec_{}", b64(32))),
+            Ok(vec![7u8; 32])
+        );
+        assert!(parse_secret(&format!("whsec_{}", b64(23))).is_err());
+        assert!(parse_secret(&format!("whsec_{}", b64(65))).is_err());
+        assert!(parse_secret(&b64(32)).is_err());
+        assert!(parse_secret("whsec_not base64!").is_err());
+    }
+
+    #[test]
+    fn urls_need_http_and_a_host() {
+        assert!(check_url("https://app.example.net/hooks").is_ok());
+        assert!(check_url("http://127.0.0.1:8080").is_ok());
+        assert!(check_url("ftp://x").is_err());
+        assert!(check_url("https:///path").is_err());
+        assert!(check_url("https://u:p@host/").is_err());
+        assert!(check_url("https://host/a b").is_err());
+    }
+}

@@ -1,0 +1,13 @@
+//! Delivery-status webhooks (Standard Webhooks): `route` turns a state
+//! change into outbox rows (written by the store in the state change's own
+//! transaction), `sender` POSTs them signed (`sign`) and retries per
+//! `policy`, `ops` are the operator commands.
+
+pub mod ops;
+pub mod policy;
+pub mod route;
+pub mod sender;
+pub mod sign;
+
+pub use route::Router;
+pub use sender::Sender;

@@ -1,0 +1,236 @@
+//! Which events a state change causes, for which endpoints, and their JSON
+//! payloads: built by the acceptance pipeline and the delivery worker, then
+//! written by the store in the state change's own transaction (the outbox).
+
+use serde_json::json;
+
+use crate::config::WebhookEndpoint;
+use crate::event_type::EventType;
+use crate::store::{NewEvent, UnixMillis};
+use crate::trace::rfc3339_millis;
+
+/// The configured endpoints' filters. Empty: no event is ever written.
+#[derive(Debug, Clone, Default)]
+pub struct Router {
+    endpoints: Vec<WebhookEndpoint>,
+}
+
+/// A message accepted into the queue.
+pub struct Accepted<'a> {
+    pub queue_id: &'a str,
+    pub workspace: &'a str,
+    pub idempotency_key: Option<&'a str>,
+    pub recipients: &'a [String],
+    pub at: UnixMillis,
+}
+
+/// One recipient's outcome in one delivery attempt.
+pub struct Attempted<'a> {
+    pub queue_id: &'a str,
+    pub workspace: &'a str,
+    pub idempotency_key: Option<&'a str>,
+    pub recipient: &'a str,
+    /// delivered, deferred, failed or expired.
+    pub outcome: &'a str,
+    pub reply: &'a str,
+    pub next_hop: Option<&'a str>,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    pub at: UnixMillis,
+}
+
+/// A new event id: the `webhook-id` every delivery of the event carries.
+fn new_webhook_id() -> String {
+    format!("msg_{}", uuid::Uuid::new_v4().simple())
+}
+
+impl Router {
+    pub fn new(endpoints: &[WebhookEndpoint]) -> Self {
+        Self {
+            endpoints: endpoints.to_vec(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.endpoints.is_empty()
+    }
+
+    /// One row per endpoint that wants the event; the payload is built only
+    /// if one does.
+    fn route(
+        &self,
+        event: EventType,
+        workspace: &str,
+        queue_id: &str,
+        at: UnixMillis,
+        data: impl FnOnce() -> serde_json::Value,
+        out: &mut Vec<NewEvent>,
+    ) {
+        let mut wanted = self
+            .endpoints
+            .iter()
+            .filter(|e| e.wants(event, workspace))
+            .peekable();
+        if wanted.peek().is_none() {
+            return;
+        }
+        let payload = json!({
+            "type": event.as_str(),
+            "timestamp": rfc3339_millis(at),
+            "data": data(),
+        })
+        .to_string();
+        let webhook_id = new_webhook_id();
+        out.extend(wanted.map(|e| NewEvent {
+            webhook_id: webhook_id.clone(),
+            endpoint: e.name.clone(),
+            event_type: event.as_str().to_owned(),
+            at,
+            workspace: workspace.to_owned(),
+            queue_id: Some(queue_id.to_owned()),
+            payload: payload.clone(),
+        }));
+    }
+
+    pub fn accepted(&self, m: &Accepted<'_>) -> Vec<NewEvent> {
+        let mut out = Vec::new();
+        self.route(
+            EventType::Accepted,
+            m.workspace,
+            m.queue_id,
+            m.at,
+            || {
+                json!({
+                    "queue_id": m.queue_id,
+                    "workspace": m.workspace,
+                    "idempotency_key": m.idempotency_key,
+                    "recipients": m.recipients,
+                    "attempt": 0,
+                })
+            },
+            &mut out,
+        );
+        out
+    }
+
+    /// The events of one attempt, one per recipient row.
+    pub fn attempted<'a>(&self, rows: impl IntoIterator<Item = Attempted<'a>>) -> Vec<NewEvent> {
+        let mut out = Vec::new();
+        for r in rows {
+            let Some(event) = EventType::of_outcome(r.outcome) else {
+                continue;
+            };
+            self.route(
+                event,
+                r.workspace,
+                r.queue_id,
+                r.at,
+                || {
+                    json!({
+                        "queue_id": r.queue_id,
+                        "workspace": r.workspace,
+                        "idempotency_key": r.idempotency_key,
+                        "recipient": r.recipient,
+                        "reply": r.reply,
+                        "next_hop": r.next_hop,
+                        "attempt": r.attempt,
+                    })
+                },
+                &mut out,
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn endpoint(name: &str, events: Option<Vec<EventType>>, ws: Option<&str>) -> WebhookEndpoint {
+        WebhookEndpoint {
+            name: name.into(),
+            url: "http://127.0.0.1:1/".into(),
+            secrets: vec![vec![1; 32]],
+            events,
+            workspace: ws.map(str::to_owned),
+            timeout: Duration::from_secs(15),
+            max_in_flight: 4,
+            disable_after: Duration::from_secs(86400),
+            retry_schedule: vec![Duration::ZERO],
+            ca_file: None,
+        }
+    }
+
+    fn attempt<'a>(outcome: &'a str, rcpt: &'a str) -> Attempted<'a> {
+        Attempted {
+            queue_id: "Q1",
+            workspace: "ws",
+            idempotency_key: Some("k1"),
+            recipient: rcpt,
+            outcome,
+            reply: "250 2.0.0 ok",
+            next_hop: Some("mx.example:25"),
+            attempt: 2,
+            at: 1_796_069_194_007,
+        }
+    }
+
+    #[test]
+    fn filters_by_type_and_workspace_and_shares_one_id_across_endpoints() {
+        let router = Router::new(&[
+            endpoint("all", None, None),
+            endpoint("bounces", Some(vec![EventType::Bounced]), None),
+            endpoint("other-ws", None, Some("other")),
+        ]);
+        let events = router.attempted([attempt("failed", "a@x"), attempt("delivered", "b@x")]);
+        let names: Vec<_> = events
+            .iter()
+            .map(|e| (e.endpoint.as_str(), e.event_type.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("all", "message.bounced"),
+                ("bounces", "message.bounced"),
+                ("all", "message.delivered"),
+            ]
+        );
+        assert_eq!(events[0].webhook_id, events[1].webhook_id);
+        assert_ne!(events[0].webhook_id, events[2].webhook_id);
+        assert!(events[0].webhook_id.starts_with("msg_"));
+    }
+
+    #[test]
+    fn payload_carries_the_attempt_facts() {
+        let router = Router::new(&[endpoint("all", None, None)]);
+        let events = router.attempted([attempt("deferred", "a@x")]);
+        let v: serde_json::Value = serde_json::from_str(&events[0].payload).expect("json");
+        assert_eq!(v["type"], "message.deferred");
+        assert_eq!(v["timestamp"], "2026-11-30T20:06:34.007Z");
+        assert_eq!(v["data"]["queue_id"], "Q1");
+        assert_eq!(v["data"]["workspace"], "ws");
+        assert_eq!(v["data"]["idempotency_key"], "k1");
+        assert_eq!(v["data"]["recipient"], "a@x");
+        assert_eq!(v["data"]["reply"], "250 2.0.0 ok");
+        assert_eq!(v["data"]["attempt"], 2);
+        assert_eq!(events[0].at, 1_796_069_194_007);
+    }
+
+    #[test]
+    fn no_endpoint_no_event() {
+        let router = Router::new(&[endpoint("ws", None, Some("other"))]);
+        let rcpts = vec!["a@x".to_owned()];
+        let accepted = Accepted {
+            queue_id: "Q",
+            workspace: "ws",
+            idempotency_key: None,
+            recipients: &rcpts,
+            at: 1,
+        };
+        assert!(router.accepted(&accepted).is_empty());
+        assert!(Router::default().is_empty());
+    }
+}
