@@ -11,7 +11,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params};
 use super::queue::read_blocking;
 use super::{DB_FILE, SqliteStore, classify, writer};
 use crate::store::outbox::{
-    DisabledEndpoint, EndpointHealth, EventAttempt, EventNext, EventStatus, NewEvent, OutboxAdmin,
+    DisabledEndpoint, EndpointHealth, EventAttempt, EventNext, EventStatus, OutboxAdmin,
     OutboxEvent, WebhookOutbox,
 };
 use crate::store::{BoxFuture, StoreError, UnixMillis};
@@ -27,32 +27,6 @@ const IN_LIST: &str = "instr(char(10) || ?LIST || char(10), char(10) || endpoint
 
 fn filtered(sql: &str, list_param: &str) -> String {
     sql.replace("?FILTER", &IN_LIST.replace("?LIST", list_param))
-}
-
-/// Writes `events` as pending rows, due at once. An event already written
-/// (same id and endpoint) is left as it is.
-pub(crate) fn insert_events(tx: &Transaction<'_>, events: &[NewEvent]) -> rusqlite::Result<()> {
-    if events.is_empty() {
-        return Ok(());
-    }
-    let mut stmt = tx.prepare_cached(
-        "INSERT INTO webhook_outbox (webhook_id, endpoint, event_type, event_at, workspace,
-                                     queue_id, payload, state, next_attempt_at, created_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?4, ?4, ?4)
-         ON CONFLICT (webhook_id, endpoint) DO NOTHING",
-    )?;
-    for e in events {
-        stmt.execute(params![
-            e.webhook_id,
-            e.endpoint,
-            e.event_type,
-            e.at,
-            e.workspace,
-            e.queue_id,
-            e.payload
-        ])?;
-    }
-    Ok(())
 }
 
 fn claim_on(

@@ -77,16 +77,28 @@ fn attempt(row_id: i64, at: i64, next: EventNext, status: Option<u16>) -> EventA
 async fn events_are_written_with_their_acceptance_and_not_when_the_key_is_taken() {
     let dir = tempfile::tempdir().expect("tmp");
     let store = SqliteStore::open(dir.path()).expect("store");
-    let first = acceptance("k", vec![event("msg_1", "e1", 100), event("msg_1", "e2", 100)]);
-    assert_eq!(store.commit(first).await.expect("commit"), CommitOutcome::Committed);
+    let first = acceptance(
+        "k",
+        vec![event("msg_1", "e1", 100), event("msg_1", "e2", 100)],
+    );
+    assert_eq!(
+        store.commit(first).await.expect("commit"),
+        CommitOutcome::Committed
+    );
     let mut again = acceptance("k", vec![event("msg_2", "e1", 100)]);
     if let Some(m) = again.message.as_mut() {
         m.id = "Q2".into();
     }
-    assert_eq!(store.commit(again).await.expect("commit"), CommitOutcome::KeyTaken);
+    assert_eq!(
+        store.commit(again).await.expect("commit"),
+        CommitOutcome::KeyTaken
+    );
     assert_eq!(count(&store, "SELECT COUNT(*) FROM webhook_outbox"), 2);
     assert_eq!(
-        count(&store, "SELECT COUNT(*) FROM webhook_outbox WHERE webhook_id = 'msg_2'"),
+        count(
+            &store,
+            "SELECT COUNT(*) FROM webhook_outbox WHERE webhook_id = 'msg_2'"
+        ),
         0
     );
 }
@@ -109,14 +121,32 @@ async fn a_record_writes_its_events_unless_the_message_was_deleted() {
         bounce: None,
         events: vec![event(ev, "e1", 200)],
     };
-    assert!(store.record(outcome("Q1", "msg_d")).await.expect("record").is_some());
-    assert!(store.record(outcome("GONE", "msg_x")).await.expect("record").is_none());
+    assert!(
+        store
+            .record(outcome("Q1", "msg_d"))
+            .await
+            .expect("record")
+            .is_some()
+    );
+    assert!(
+        store
+            .record(outcome("GONE", "msg_x"))
+            .await
+            .expect("record")
+            .is_none()
+    );
     assert_eq!(
-        count(&store, "SELECT COUNT(*) FROM webhook_outbox WHERE webhook_id = 'msg_d'"),
+        count(
+            &store,
+            "SELECT COUNT(*) FROM webhook_outbox WHERE webhook_id = 'msg_d'"
+        ),
         1
     );
     assert_eq!(
-        count(&store, "SELECT COUNT(*) FROM webhook_outbox WHERE webhook_id = 'msg_x'"),
+        count(
+            &store,
+            "SELECT COUNT(*) FROM webhook_outbox WHERE webhook_id = 'msg_x'"
+        ),
         0
     );
 }
@@ -208,7 +238,10 @@ async fn records_move_events_and_endpoint_health() {
             .expect("claim")
             .is_empty()
     );
-    assert_eq!(store.next_event_due(names(&["e1"])).await.expect("due"), None);
+    assert_eq!(
+        store.next_event_due(names(&["e1"])).await.expect("due"),
+        None
+    );
 
     // The operators' connection: list, re-enable, redeliver.
     let admin = OutboxDb::open(dir.path()).expect("admin");
@@ -223,7 +256,13 @@ async fn records_move_events_and_endpoint_health() {
         .map(|e| (e.webhook_id.as_str(), e.state.as_str(), e.attempts))
         .collect();
     assert_eq!(states, [("msg_2", "pending", 2), ("msg_1", "delivered", 2)]);
-    assert_eq!(admin.redeliver_one(None, "msg_1", 7000).await.expect("redo"), 1);
+    assert_eq!(
+        admin
+            .redeliver_one(None, "msg_1", 7000)
+            .await
+            .expect("redo"),
+        1
+    );
     let claimed = store
         .claim_events(7000, 9000, 10, names(&["e1"]))
         .await
@@ -231,7 +270,11 @@ async fn records_move_events_and_endpoint_health() {
     let mut ids: Vec<_> = claimed.iter().map(|e| e.webhook_id.as_str()).collect();
     ids.sort_unstable();
     assert_eq!(ids, ["msg_1", "msg_2"], "same webhook-id, sent again");
-    assert!(claimed.iter().any(|e| e.webhook_id == "msg_1" && e.attempts == 0));
+    assert!(
+        claimed
+            .iter()
+            .any(|e| e.webhook_id == "msg_1" && e.attempts == 0)
+    );
 }
 
 #[tokio::test]
@@ -254,7 +297,12 @@ async fn purges_only_finished_events_and_wakes_the_sender() {
         .await
         .expect("claim");
     store
-        .record_event(attempt(claimed[0].row_id, 200, EventNext::Failed, Some(500)))
+        .record_event(attempt(
+            claimed[0].row_id,
+            200,
+            EventNext::Failed,
+            Some(500),
+        ))
         .await
         .expect("record");
     assert_eq!(store.purge_events(199, 10).await.expect("purge"), 0);

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
+use super::writer::insert_events;
 use super::{Readers, SqliteStore, insert_message, writer};
 use crate::store::{
     AttemptOutcome, BoxFuture, ClaimedMessage, DeliveryQueue, MessageState, StoreError, UnixMillis,
@@ -156,7 +157,7 @@ fn record_on(tx: &Transaction<'_>, o: &AttemptOutcome) -> rusqlite::Result<Optio
     if let Some(bounce) = &o.bounce {
         insert_message(tx, bounce)?;
     }
-    super::outbox::insert_events(tx, &o.events)?;
+    insert_events(tx, &o.events)?;
     Ok(Some(state))
 }
 

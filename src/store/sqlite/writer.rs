@@ -11,7 +11,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::classify;
 use super::identity::DataDirIdentity;
-use crate::store::{Acceptance, CommitOutcome, NewMessage, StoreError, UnixMillis};
+use crate::store::{Acceptance, CommitOutcome, NewEvent, NewMessage, StoreError, UnixMillis};
 
 /// Upper bound on jobs per transaction, to bound latency and memory.
 pub const MAX_BATCH: usize = 256;
@@ -250,7 +250,7 @@ fn apply_acceptance(tx: &Transaction<'_>, a: &Acceptance) -> rusqlite::Result<Co
     if let Some(m) = &a.message {
         insert_message(tx, m)?;
     }
-    super::outbox::insert_events(tx, &a.events)?;
+    insert_events(tx, &a.events)?;
     Ok(CommitOutcome::Committed)
 }
 
@@ -274,6 +274,32 @@ pub(crate) fn insert_message(tx: &Transaction<'_>, m: &NewMessage) -> rusqlite::
     ])?;
     tx.prepare_cached("INSERT INTO message_body (queue_id, trace, body) VALUES (?1, ?2, ?3)")?
         .execute(params![m.id, m.trace, m.body])?;
+    Ok(())
+}
+
+/// Writes `events` as pending rows, due at once. An event already written
+/// (same id and endpoint) is left as it is.
+pub(crate) fn insert_events(tx: &Transaction<'_>, events: &[NewEvent]) -> rusqlite::Result<()> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let mut stmt = tx.prepare_cached(
+        "INSERT INTO webhook_outbox (webhook_id, endpoint, event_type, event_at, workspace,
+                                     queue_id, payload, state, next_attempt_at, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?4, ?4, ?4)
+         ON CONFLICT (webhook_id, endpoint) DO NOTHING",
+    )?;
+    for e in events {
+        stmt.execute(params![
+            e.webhook_id,
+            e.endpoint,
+            e.event_type,
+            e.at,
+            e.workspace,
+            e.queue_id,
+            e.payload
+        ])?;
+    }
     Ok(())
 }
 
