@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine too: installs what the tests need
-# (swaks, from Debian's packages; schemathesis, from PyPI), then runs every
+# (swaks, from Debian's packages; schemathesis and standardwebhooks, from
+# PyPI), then runs every
 # test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,14 @@ if ! schemathesis --version >/dev/null 2>&1; then
   echo "scripts/test.sh: installing schemathesis" >&2
   pip3 install --quiet schemathesis==4.32.5
   hash -r
+fi
+
+# tests/webhooks.rs runs examples/webhook_receiver.py, which verifies
+# signatures with the reference implementation; it fails (does not skip)
+# without it.
+if ! python3 -c 'import standardwebhooks' >/dev/null 2>&1; then
+  echo "scripts/test.sh: installing standardwebhooks" >&2
+  pip3 install --quiet standardwebhooks==1.1.0
 fi
 
 # The PostgreSQL tests (tests/postgres_nodes.rs and the second pass below)
