@@ -5,6 +5,7 @@
 
 pub mod http;
 pub mod pg;
+pub mod webhook;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
