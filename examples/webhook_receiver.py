@@ -57,9 +57,15 @@ class Receiver(BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("content-length", 0)))
         webhook_id = self.headers.get("webhook-id")
-        status = self.handle_event(body, webhook_id)
+        try:
+            status = self.handle_event(body, webhook_id)
+        except Exception as e:  # a bug or a full disk: nothing stored, retry later
+            log(f"error {webhook_id}: {e!r}")
+            status = 500
         # The attempt log lives outside the event's transaction (its own
-        # autocommit), so it also counts attempts that stored nothing.
+        # autocommit), so it also counts attempts that stored nothing. It is
+        # written before the answer: once smtp-once has its answer, the
+        # receipt is there.
         with closing(db()) as conn:
             conn.execute("INSERT INTO receipt VALUES (?, ?, ?)", (webhook_id, time.time(), status))
         self.send_response(status)

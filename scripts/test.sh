@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine too: installs what the tests need
 # (swaks, from Debian's packages; schemathesis and standardwebhooks, from
-# PyPI), then runs every
-# test.
+# PyPI), then runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
