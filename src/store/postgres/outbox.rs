@@ -70,7 +70,10 @@ pub(super) async fn insert_events(c: &ClientWrapper, events: &[NewEvent]) -> PgR
 }
 
 /// Leases due events, oldest due first: pending ones due by now and
-/// `sending` ones whose lease ended (a dead node's).
+/// `sending` ones whose lease ended (a dead node's). Each kind is locked
+/// up to `limit` (skipping rows another node holds), then the oldest
+/// `limit` of both are leased; a row locked but not picked is only skipped
+/// by other nodes until this batch commits.
 async fn claim_on(
     c: &ClientWrapper,
     lease: i64,
@@ -209,6 +212,7 @@ impl WebhookOutbox for PgStore {
         }))
     }
 
+    /// At the database's time, like every stored time.
     fn disable_endpoint(
         &self,
         endpoint: String,
