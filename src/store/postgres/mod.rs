@@ -7,26 +7,27 @@
 //! connection releases by itself. Times come from the database's clock.
 
 mod outbox;
+mod outbox_admin;
 mod probe;
 mod queue;
 mod schema;
 mod status;
 mod writer;
 
-pub use outbox::PgOutboxAdmin;
+pub use outbox_admin::PgOutboxAdmin;
 
 use std::str::FromStr;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use super::{
     Acceptance, BoxFuture, CommitOutcome, LedgerEntry, NewMessage, QueueDepth, Store, StoreError,
     UnixMillis,
 };
-use writer::{Job, PgResult};
+use writer::{Job, PgResult, Wakers};
 
 /// How long a caller waits for a connection (or for one to be made)
 /// before the ledger counts as unavailable.
@@ -38,9 +39,11 @@ const HOUSEKEEPING_LOCK: i64 = 0x736d_7470_6875_7367; // "smtphusg"
 pub struct PgStore {
     pool: Pool,
     jobs: Mutex<Option<mpsc::UnboundedSender<Job>>>,
-    queued: Arc<Notify>,
+    /// Woken when any node queued mail (`queued`) or wrote webhook events
+    /// (`events_queued`).
+    wakers: Wakers,
     node_id: String,
-    /// LISTENs for mail queued by any node (see `listen`).
+    /// LISTENs for mail and events queued by any node (see `listen`).
     listener: tokio::task::JoinHandle<()>,
     /// Holds this node's id (see `hold_node_id`) for the life of the store.
     node_lock: tokio::task::JoinHandle<()>,
@@ -59,21 +62,7 @@ impl PgStore {
     /// Connects, migrates the schema (one node at a time; refuses a schema
     /// newer than this binary) and starts the writer.
     pub async fn open(o: PgOptions<'_>) -> Result<Self, StoreError> {
-        let mut config = tokio_postgres::Config::from_str(o.url)
-            .map_err(|e| StoreError::Unavailable(format!("store.url: {e}")))?;
-        // A lock held elsewhere (an operator's LOCK TABLE, a stuck
-        // session) makes a statement fail after this, as SQLite's busy
-        // timeout does, so a client gets E01033 instead of waiting forever.
-        let options = format!(
-            "{} -c lock_timeout={} -c statement_timeout={}",
-            config.get_options().unwrap_or_default(),
-            LOCK_TIMEOUT.as_millis(),
-            STATEMENT_TIMEOUT.as_millis()
-        );
-        config.options(options.trim());
-        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(
-            crate::tls::client_config(o.ca_file).map_err(StoreError::Unavailable)?,
-        );
+        let (config, tls) = session_config(o.url, o.ca_file)?;
         let manager = Manager::from_config(
             config.clone(),
             tls.clone(),
@@ -102,13 +91,13 @@ impl PgStore {
             "PostgreSQL store open"
         );
         let (jobs, rx) = mpsc::unbounded_channel();
-        let queued = Arc::new(Notify::new());
-        tokio::spawn(writer::run(pool.clone(), rx, queued.clone()));
-        let listener = tokio::spawn(listen(config, tls, queued.clone()));
+        let wakers = Wakers::default();
+        tokio::spawn(writer::run(pool.clone(), rx, wakers.clone()));
+        let listener = tokio::spawn(listen(config, tls, wakers.clone()));
         Ok(Self {
             pool,
             jobs: Mutex::new(Some(jobs)),
-            queued,
+            wakers,
             node_id: o.node_id.to_owned(),
             listener,
             node_lock,
@@ -149,17 +138,54 @@ impl PgStore {
     }
 }
 
+/// The connection settings every connection of this store uses (the
+/// operators' `PgOutboxAdmin` included): `url` plus the lock and statement
+/// timeouts, and TLS (with `ca_file`'s roots if given).
+fn session_config(
+    url: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Result<
+    (
+        tokio_postgres::Config,
+        tokio_postgres_rustls::MakeRustlsConnect,
+    ),
+    StoreError,
+> {
+    let mut config = tokio_postgres::Config::from_str(url)
+        .map_err(|e| StoreError::Unavailable(format!("store.url: {e}")))?;
+    // A lock held elsewhere (an operator's LOCK TABLE, a stuck session)
+    // makes a statement fail after this, as SQLite's busy timeout does,
+    // so a client gets E01033 instead of waiting forever.
+    let options = format!(
+        "{} -c lock_timeout={} -c statement_timeout={}",
+        config.get_options().unwrap_or_default(),
+        LOCK_TIMEOUT.as_millis(),
+        STATEMENT_TIMEOUT.as_millis()
+    );
+    config.options(options.trim());
+    let tls = tokio_postgres_rustls::MakeRustlsConnect::new(
+        crate::tls::client_config(ca_file).map_err(StoreError::Unavailable)?,
+    );
+    Ok((config, tls))
+}
+
 /// The channel a commit that queued mail notifies (inside its transaction,
 /// so it is delivered only on COMMIT).
 pub(crate) const QUEUED_CHANNEL: &str = "smtp_once_queued";
 
+/// The channel a commit that wrote webhook events notifies (also inside
+/// its transaction), as do the operators' redeliveries.
+pub(crate) const EVENTS_CHANNEL: &str = "smtp_once_events";
+
 /// Wakes this node's worker when any node queued mail, so a message
-/// accepted on one node is picked up at once by whichever is free. On a
-/// lost connection it reconnects; meanwhile `poll_interval` still applies.
+/// accepted on one node is picked up at once by whichever is free, and
+/// its webhook sender when any node wrote events. On a lost connection it
+/// reconnects; meanwhile `poll_interval` (and the sender's next due time)
+/// still apply.
 async fn listen(
     config: tokio_postgres::Config,
     tls: tokio_postgres_rustls::MakeRustlsConnect,
-    queued: Arc<Notify>,
+    wakers: Wakers,
 ) {
     loop {
         match config.connect(tls.clone()).await {
@@ -169,8 +195,8 @@ async fn listen(
                     while let Some(message) = std::future::poll_fn(|cx| conn.poll_message(cx)).await
                     {
                         match message {
-                            Ok(tokio_postgres::AsyncMessage::Notification(_)) => {
-                                if tx.send(()).is_err() {
+                            Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
+                                if tx.send(n.channel() == EVENTS_CHANNEL).is_err() {
                                     return;
                                 }
                             }
@@ -180,12 +206,16 @@ async fn listen(
                     }
                 });
                 match client
-                    .batch_execute(&format!("LISTEN {QUEUED_CHANNEL}"))
+                    .batch_execute(&format!("LISTEN {QUEUED_CHANNEL}; LISTEN {EVENTS_CHANNEL}"))
                     .await
                 {
                     Ok(()) => {
-                        while rx.recv().await.is_some() {
-                            queued.notify_one();
+                        while let Some(events) = rx.recv().await {
+                            if events {
+                                wakers.events.notify_one();
+                            } else {
+                                wakers.mail.notify_one();
+                            }
                         }
                     }
                     Err(e) => tracing::debug!(error = %describe(&e), "LISTEN failed"),
@@ -366,15 +396,20 @@ async fn apply_acceptance(c: &ClientWrapper, a: &Acceptance) -> PgResult<CommitO
         (Some(_), Some(_)) => &BOTH,
         (Some(_), None) => &LEDGER_ONLY,
         (None, Some(_)) => &MESSAGE_ONLY,
-        (None, None) => return Ok(CommitOutcome::Committed),
+        (None, None) => {
+            outbox::insert_events(c, &a.events).await?;
+            return Ok(CommitOutcome::Committed);
+        }
     };
     let row = c.query_one(&c.prepare_cached(sql).await?, &params).await?;
     let written: i64 = row.get(0);
-    Ok(if ledger.is_some() && written == 0 {
-        CommitOutcome::KeyTaken
-    } else {
-        CommitOutcome::Committed
-    })
+    if ledger.is_some() && written == 0 {
+        // The key is taken: nothing was written, so nothing to report.
+        return Ok(CommitOutcome::KeyTaken);
+    }
+    // In the same transaction as the rows they report.
+    outbox::insert_events(c, &a.events).await?;
+    Ok(CommitOutcome::Committed)
 }
 
 /// A queue row and its body, due at once (database time): bounces.
@@ -448,11 +483,15 @@ impl Store for PgStore {
             .map(|l| format!("{}\n{}", l.workspace, l.key))
             .unwrap_or_default();
         let queues_mail = acceptance.message.is_some();
+        let queues_events = !acceptance.events.is_empty();
         let acceptance = Arc::new(acceptance);
-        self.submit(Job::new(queues_mail, order, move |c| {
-            let a = acceptance.clone();
-            Box::pin(async move { apply_acceptance(c, &a).await })
-        }))
+        self.submit(Job::with_events(
+            Job::new(queues_mail, order, move |c| {
+                let a = acceptance.clone();
+                Box::pin(async move { apply_acceptance(c, &a).await })
+            }),
+            queues_events,
+        ))
     }
 
     fn purge_expired(

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use super::outbox::insert_events;
 use super::{PgStore, housekeeping_turn, insert_message, writer::Job};
 use crate::store::{
     AttemptOutcome, BoxFuture, ClaimedMessage, DeliveryQueue, MessageState, StoreError, UnixMillis,
@@ -84,8 +85,9 @@ impl DeliveryQueue for PgStore {
         outcome: AttemptOutcome,
     ) -> BoxFuture<'static, Result<Option<MessageState>, StoreError>> {
         let queues_mail = outcome.bounce.is_some();
+        let queues_events = !outcome.events.is_empty();
         let outcome = std::sync::Arc::new(outcome);
-        self.submit(Job::new(queues_mail, String::new(), move |c| {
+        self.submit(Job::with_events(Job::new(queues_mail, String::new(), move |c| {
             let o = outcome.clone();
             Box::pin(async move {
                 let current: Option<String> = c
@@ -137,9 +139,12 @@ impl DeliveryQueue for PgStore {
                 if let Some(bounce) = &o.bounce {
                     insert_message(c, bounce).await?;
                 }
+                // Only here, where the row still exists: a deleted
+                // message's attempt reports nothing.
+                insert_events(c, &o.events).await?;
                 Ok(Some(state))
             })
-        }))
+        }), queues_events))
     }
 
     fn renew(
@@ -242,7 +247,7 @@ impl DeliveryQueue for PgStore {
     }
 
     fn queued(&self) -> BoxFuture<'static, ()> {
-        let queued = self.queued.clone();
+        let queued = self.wakers.mail.clone();
         Box::pin(async move { queued.notified().await })
     }
 }

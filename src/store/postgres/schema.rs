@@ -59,6 +59,37 @@ const MIGRATIONS: &[&str] = &[
         next_hop TEXT
      );
      CREATE INDEX delivery_attempt_queue ON delivery_attempt (queue_id, id);",
+    // 2: the webhook outbox, one row per event and endpoint, written in the
+    //    transaction of the state change it reports (leased like the queue,
+    //    `leased_by` included); and each endpoint's health.
+    "CREATE TABLE webhook_outbox (
+        id BIGSERIAL PRIMARY KEY,
+        webhook_id TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        event_type TEXT NOT NULL,
+        event_at BIGINT NOT NULL,
+        workspace TEXT NOT NULL,
+        queue_id TEXT,
+        payload TEXT NOT NULL,
+        state TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at BIGINT,
+        lease_until BIGINT,
+        leased_by TEXT,
+        last_status INTEGER,
+        last_error TEXT,
+        created_at BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL,
+        UNIQUE (webhook_id, endpoint)
+     );
+     CREATE INDEX webhook_outbox_due ON webhook_outbox (state, next_attempt_at);
+     CREATE INDEX webhook_outbox_endpoint ON webhook_outbox (endpoint, id);
+     CREATE TABLE webhook_endpoint (
+        name TEXT PRIMARY KEY,
+        failing_since BIGINT,
+        disabled_at BIGINT,
+        disabled_reason TEXT
+     );",
 ];
 
 /// Serialises migrations across nodes (session advisory lock).

@@ -446,3 +446,6 @@ where
     }
     panic!("the node id stayed taken");
 }
+
+#[path = "outbox_tests.rs"]
+mod outbox;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use deadpool_postgres::{ClientWrapper, Object, Pool};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use super::{QUEUED_CHANNEL, classify, describe, unreachable};
+use super::{EVENTS_CHANNEL, QUEUED_CHANNEL, classify, describe, unreachable};
 use crate::store::{BoxFuture, StoreError};
 
 /// Upper bound on jobs per transaction, to bound latency and memory.
@@ -21,6 +21,9 @@ pub struct Job {
     /// The job may put a message in the queue: wake the delivery worker
     /// after the commit.
     queues_mail: bool,
+    /// The job may write webhook events: wake the webhook senders after
+    /// the commit.
+    queues_events: bool,
     /// Jobs that lock ledger rows go in key order, so two nodes' batches
     /// never wait on each other in a circle.
     order: String,
@@ -76,14 +79,32 @@ impl Job {
             Job {
                 work,
                 queues_mail,
+                queues_events: false,
                 order,
             },
             rx,
         )
     }
+
+    /// Marks the job as one that writes webhook events (if `yes`).
+    pub fn with_events<T>(
+        (mut job, rx): (Self, oneshot::Receiver<T>),
+        yes: bool,
+    ) -> (Self, oneshot::Receiver<T>) {
+        job.queues_events = yes;
+        (job, rx)
+    }
 }
 
-pub async fn run(pool: Pool, mut jobs: mpsc::UnboundedReceiver<Job>, queued: Arc<Notify>) {
+/// Who to wake on this node after a commit: the delivery worker (mail
+/// queued) and the webhook sender (events written).
+#[derive(Clone, Default)]
+pub struct Wakers {
+    pub mail: Arc<Notify>,
+    pub events: Arc<Notify>,
+}
+
+pub async fn run(pool: Pool, mut jobs: mpsc::UnboundedReceiver<Job>, wakers: Wakers) {
     let mut conn: Option<Object> = None;
     let mut down = false;
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
@@ -121,11 +142,15 @@ pub async fn run(pool: Pool, mut jobs: mpsc::UnboundedReceiver<Job>, queued: Arc
         if c.is_closed() {
             conn = None; // reconnect for the next batch
         }
-        let mut woke = false;
+        let (mut woke_worker, mut woke_sender) = (false, false);
         for (job, error) in answers {
-            if job.queues_mail && error.is_none() && !woke {
-                queued.notify_one();
-                woke = true;
+            if job.queues_mail && error.is_none() && !woke_worker {
+                wakers.mail.notify_one();
+                woke_worker = true;
+            }
+            if job.queues_events && error.is_none() && !woke_sender {
+                wakers.events.notify_one();
+                woke_sender = true;
             }
             job.work.finish(error);
         }
@@ -172,16 +197,22 @@ async fn execute_batch(c: &ClientWrapper, batch: &mut Vec<Job>) -> Vec<(Job, Opt
 /// failed statement it would be a silent ROLLBACK.
 async fn apply_all(c: &ClientWrapper, jobs: &mut [Job]) -> PgResult<()> {
     c.batch_execute("BEGIN").await?;
-    let queues_mail = jobs.iter().any(|job| job.queues_mail);
-    let notify = format!("NOTIFY {QUEUED_CHANNEL}");
+    let mut notify = String::new();
+    if jobs.iter().any(|job| job.queues_mail) {
+        notify.push_str(&format!("NOTIFY {QUEUED_CHANNEL};"));
+    }
+    if jobs.iter().any(|job| job.queues_events) {
+        notify.push_str(&format!("NOTIFY {EVENTS_CHANNEL};"));
+    }
     let (results, notified) = tokio::join!(
         futures_util::future::join_all(jobs.iter_mut().map(|job| job.work.apply(c))),
         async {
-            // Other nodes' workers wake on COMMIT (see `listen`).
-            if queues_mail {
-                c.batch_execute(&notify).await
-            } else {
+            // Other nodes' workers and senders wake on COMMIT (see
+            // `listen`).
+            if notify.is_empty() {
                 Ok(())
+            } else {
+                c.batch_execute(&notify).await
             }
         }
     );
