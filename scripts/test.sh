@@ -41,6 +41,6 @@ fi
 
 cargo test --all-targets "$@"
 
-# Second pass: the exactly-once tests (acceptance, and kill -9 mid-relay)
+# Second pass: the exactly-once tests (acceptance, kill -9 mid-relay, webhooks)
 # again, each daemon on a fresh PostgreSQL database instead of SQLite.
-SMTP_ONCE_TEST_STORE=postgres cargo test --no-fail-fast --test idempotency --test relay_crash "$@"
+SMTP_ONCE_TEST_STORE=postgres cargo test --no-fail-fast --test idempotency --test relay_crash --test webhooks "$@"

@@ -30,12 +30,12 @@ const PATIENT: &str = "retry_schedule = [\"0s\", \"1s\", \"1s\", \"1s\", \"1s\",
 
 // ---------------------------------------------------------------- helpers
 
-/// A daemon on SQLite (the outbox's store; file-mode relay) with these
+/// A daemon (SQLite, or PostgreSQL in the second pass; file-mode relay) with these
 /// `[[webhook]]` sections.
 fn daemon(webhooks: &str) -> Daemon {
     Daemon::start(Options {
         extra: webhooks.to_owned(),
-        store: Store::Sqlite,
+        store: Store::FromEnv,
         ..Options::default()
     })
 }
@@ -421,7 +421,7 @@ fn check_config_reports_a_bad_secret() {
         let text = common::config_text(
             &Options {
                 extra: endpoint_toml("bad", "http://127.0.0.1:9/hooks", bad, ""),
-                store: Store::Sqlite,
+                store: Store::FromEnv,
                 ..Options::default()
             },
             dir.path(),
