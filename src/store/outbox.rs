@@ -113,6 +113,10 @@ pub trait WebhookOutbox: Send + Sync + 'static {
         attempt: EventAttempt,
     ) -> BoxFuture<'static, Result<EndpointHealth, StoreError>>;
 
+    /// Gives a claimed event back untried (its endpoint was disabled while
+    /// it waited for a slot): due now, attempts unchanged.
+    fn unclaim_event(&self, row_id: i64) -> BoxFuture<'static, Result<(), StoreError>>;
+
     /// Disables `endpoint` (it failed for too long); its events wait.
     fn disable_endpoint(
         &self,

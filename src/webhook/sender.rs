@@ -6,9 +6,10 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
 
 use super::policy::{self, Answer};
@@ -35,11 +36,28 @@ pub struct Sender {
 struct Endpoint {
     config: WebhookEndpoint,
     client: reqwest::Client,
+    /// POSTs at once (`max_in_flight`).
     slots: Arc<Semaphore>,
+    /// Events claimed and not yet recorded: a few times `max_in_flight`,
+    /// so a slot never waits for the next claim's commit.
+    window: Arc<Semaphore>,
+    /// OPEN, DISABLING (this process saw a 410; the record is on its way)
+    /// or DISABLED: claimed events still waiting for a slot are given back
+    /// untried instead of meeting the 410 too.
+    state: AtomicU8,
 }
+
+const OPEN: u8 = 0;
+const DISABLING: u8 = 1;
+const DISABLED: u8 = 2;
+
+/// Claimed events per endpoint, in units of `max_in_flight`.
+const WINDOW_FACTOR: usize = 4;
 
 struct Ctx {
     outbox: Arc<dyn WebhookOutbox>,
+    /// An event was recorded and left the window: claim more at once.
+    window_freed: Notify,
     endpoints: HashMap<String, Endpoint>,
     /// Delivered and failed events are kept this long (`relay.keep_finished`).
     keep: Duration,
@@ -91,12 +109,15 @@ impl Sender {
                 Endpoint {
                     client: client_for(e)?,
                     slots: Arc::new(Semaphore::new(e.max_in_flight)),
+                    window: Arc::new(Semaphore::new(e.max_in_flight * WINDOW_FACTOR)),
+                    state: AtomicU8::new(OPEN),
                     config: e.clone(),
                 },
             );
         }
         let ctx = Arc::new(Ctx {
             outbox,
+            window_freed: Notify::new(),
             endpoints: map,
             keep,
         });
@@ -124,10 +145,12 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
         if *stop.borrow() {
             break;
         }
+        // Finished tasks' results are kept until joined.
+        while in_flight.try_join_next().is_some() {}
         let mut claimed_any = false;
         for (name, endpoint) in &ctx.endpoints {
-            let free = endpoint.slots.available_permits();
-            if free == 0 {
+            let free = endpoint.window.available_permits();
+            if free == 0 || !may_claim(&ctx, name, endpoint).await {
                 continue;
             }
             let now = now_millis();
@@ -139,13 +162,14 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
                 Ok(events) => {
                     for event in events {
                         claimed_any = true;
-                        let Ok(permit) = endpoint.slots.clone().acquire_owned().await else {
+                        let Ok(claimed) = endpoint.window.clone().try_acquire_owned() else {
                             break;
                         };
                         let ctx = ctx.clone();
                         in_flight.spawn(async move {
-                            let _permit = permit;
                             send_one(&ctx, event).await;
+                            drop(claimed);
+                            ctx.window_freed.notify_one();
                         });
                     }
                 }
@@ -159,19 +183,16 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
             purge(&ctx).await;
         }
         if claimed_any {
-            // More may be due at once; slots permitting, claim again.
-            tokio::select! {
-                _ = in_flight.join_next(), if !in_flight.is_empty() => {}
-                () = tokio::task::yield_now() => {}
-            }
+            // More may be due at once; the window permitting, claim again.
+            tokio::task::yield_now().await;
             continue;
         }
-        // Only endpoints with a free slot can take an event now; with none
-        // free, the next finished POST is the wake-up.
+        // Only endpoints with room in their window can take an event now;
+        // with none, the next recorded event is the wake-up.
         let open: Vec<String> = ctx
             .endpoints
             .iter()
-            .filter(|(_, e)| e.slots.available_permits() > 0)
+            .filter(|(_, e)| e.window.available_permits() > 0)
             .map(|(name, _)| name.clone())
             .collect();
         let wait = if open.is_empty() {
@@ -185,13 +206,32 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
         tokio::select! {
             _ = stop.changed() => {}
             () = ctx.outbox.events_queued() => {}
-            _ = in_flight.join_next(), if !in_flight.is_empty() => {}
+            () = ctx.window_freed.notified() => {}
             () = tokio::time::sleep(wait) => {}
         }
     }
     while in_flight.join_next().await.is_some() {}
     if let Err(e) = ctx.outbox.release_events(now_millis()).await {
         tracing::warn!(error = %e, "webhooks: cannot release leases at shutdown; they expire");
+    }
+}
+
+/// False while this process is disabling the endpoint, or knows it
+/// disabled; once the outbox shows it due again (`webhooks enable`), open.
+async fn may_claim(ctx: &Ctx, name: &str, endpoint: &Endpoint) -> bool {
+    match endpoint.state.load(Ordering::Acquire) {
+        OPEN => true,
+        DISABLING => false,
+        _ => {
+            // Disabled endpoints' events never count as due.
+            let due = ctx.outbox.next_event_due(vec![name.to_owned()]).await;
+            let enabled = matches!(due, Ok(Some(_)));
+            if enabled {
+                endpoint.state.store(OPEN, Ordering::Release);
+                tracing::info!(endpoint = %name, "webhook endpoint enabled again");
+            }
+            enabled
+        }
     }
 }
 
@@ -202,11 +242,21 @@ async fn purge(ctx: &Ctx) {
     }
 }
 
-/// One POST of one event, then its record.
+/// One POST of one event (within one of the endpoint's slots), then its
+/// record.
 async fn send_one(ctx: &Ctx, event: OutboxEvent) {
     let Some(endpoint) = ctx.endpoints.get(&event.endpoint) else {
         return;
     };
+    let Ok(slot) = endpoint.slots.clone().acquire_owned().await else {
+        return;
+    };
+    if endpoint.state.load(Ordering::Acquire) != OPEN {
+        if let Err(err) = ctx.outbox.unclaim_event(event.row_id).await {
+            tracing::warn!(row = event.row_id, error = %err, "webhooks: cannot give an event back; its lease expires");
+        }
+        return;
+    }
     let e = &endpoint.config;
     let timestamp = now_millis() / 1000;
     let signature =
@@ -243,6 +293,11 @@ async fn send_one(ctx: &Ctx, event: OutboxEvent) {
         now,
         policy::jitter(),
     );
+    if disable.is_some() {
+        // Before the slot is free: the next event waiting for it sees this.
+        endpoint.state.store(DISABLING, Ordering::Release);
+    }
+    drop(slot);
     let (status, error) = match &answer {
         Answer::Status { code, .. } if (200..300).contains(code) => (Some(*code), None),
         Answer::Status { code, .. } => (Some(*code), Some(format!("HTTP {code}"))),
@@ -266,7 +321,11 @@ async fn send_one(ctx: &Ctx, event: OutboxEvent) {
         next,
         disable,
     };
-    let Some(health) = record(ctx, attempt).await else {
+    let recorded = record(ctx, attempt).await;
+    if endpoint.state.load(Ordering::Acquire) == DISABLING {
+        endpoint.state.store(DISABLED, Ordering::Release);
+    }
+    let Some(health) = recorded else {
         return;
     };
     if !health.disabled && policy::failing_too_long(health.failing_since, now, e.disable_after) {
@@ -281,6 +340,8 @@ async fn send_one(ctx: &Ctx, event: OutboxEvent) {
             .await
         {
             tracing::warn!(endpoint = %e.name, error = %err, "webhooks: cannot disable the endpoint");
+        } else {
+            endpoint.state.store(DISABLED, Ordering::Release);
         }
     }
 }

@@ -213,6 +213,22 @@ impl WebhookOutbox for PgStore {
     }
 
     /// At the database's time, like every stored time.
+    fn unclaim_event(&self, row_id: i64) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.submit(Job::new(false, String::new(), move |c| {
+            Box::pin(async move {
+                c.execute(
+                    "UPDATE webhook_outbox SET state = 'pending', lease_until = NULL,
+                       leased_by = NULL, next_attempt_at = smtp_once_now(),
+                       updated_at = smtp_once_now()
+                     WHERE id = $1 AND state = 'sending'",
+                    &[&row_id],
+                )
+                .await
+                .map(|_| ())
+            })
+        }))
+    }
+
     fn disable_endpoint(
         &self,
         endpoint: String,

@@ -169,6 +169,19 @@ impl WebhookOutbox for SqliteStore {
         self.submit(writer::Job::new(false, move |tx| record_on(tx, &attempt)))
     }
 
+    fn unclaim_event(&self, row_id: i64) -> BoxFuture<'static, Result<(), StoreError>> {
+        let now = crate::store::now_millis();
+        self.submit(writer::Job::new(false, move |tx| {
+            tx.prepare_cached(
+                "UPDATE webhook_outbox SET state = 'pending', lease_until = NULL,
+                    next_attempt_at = ?2, updated_at = ?2
+                 WHERE id = ?1 AND state = 'sending'",
+            )?
+            .execute(params![row_id, now])
+            .map(|_| ())
+        }))
+    }
+
     fn disable_endpoint(
         &self,
         endpoint: String,
