@@ -47,6 +47,18 @@ struct Endpoint {
     state: AtomicU8,
 }
 
+impl Endpoint {
+    /// Claims come in batches of at least `max_in_flight` (or whatever is
+    /// free once the window is empty): one claim per recorded event would
+    /// cost a writer transaction per event.
+    fn room_to_claim(&self) -> bool {
+        let free = self.window.available_permits();
+        free > 0
+            && (free >= self.config.max_in_flight
+                || free == self.config.max_in_flight * WINDOW_FACTOR)
+    }
+}
+
 const OPEN: u8 = 0;
 const DISABLING: u8 = 1;
 const DISABLED: u8 = 2;
@@ -150,7 +162,7 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
         let mut claimed_any = false;
         for (name, endpoint) in &ctx.endpoints {
             let free = endpoint.window.available_permits();
-            if free == 0 || !may_claim(&ctx, name, endpoint).await {
+            if !endpoint.room_to_claim() || !may_claim(&ctx, name, endpoint).await {
                 continue;
             }
             let now = now_millis();
@@ -192,7 +204,7 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
         let open: Vec<String> = ctx
             .endpoints
             .iter()
-            .filter(|(_, e)| e.window.available_permits() > 0)
+            .filter(|(_, e)| e.room_to_claim())
             .map(|(name, _)| name.clone())
             .collect();
         let wait = if open.is_empty() {

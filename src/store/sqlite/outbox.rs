@@ -82,12 +82,14 @@ fn record_on(tx: &Transaction<'_>, a: &EventAttempt) -> rusqlite::Result<Endpoin
          WHERE id = ?1",
     )?
     .execute(params![a.row_id, state, next, a.status, a.error, a.at])?;
-    if a.next == EventNext::Delivered {
+    if a.next == EventNext::Delivered && a.disable.is_none() {
         tx.prepare_cached(
             "UPDATE webhook_endpoint SET failing_since = NULL
              WHERE name = ?1 AND failing_since IS NOT NULL",
         )?
         .execute([&a.endpoint])?;
+        // Healthy: nothing to read back (the hot path, one event in all).
+        return Ok(EndpointHealth::default());
     } else {
         tx.prepare_cached(
             "INSERT INTO webhook_endpoint (name, failing_since) VALUES (?1, ?2)
