@@ -827,3 +827,59 @@ fn relay_to(sink: &Daemon, lease: &str, timeout: &str, pause_after_send: &str) -
         sink.plain
     )
 }
+
+/// Issue 13 across nodes: two nodes on one database, both sending to one
+/// endpoint (the example receiver, which verifies every signature with the
+/// reference package). Every event arrives, and each `webhook-id` is POSTed
+/// exactly once: claims with `FOR UPDATE SKIP LOCKED` give each event to one
+/// node's sender. Messages are submitted through both nodes, so events are
+/// written by both and both senders claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_send_each_webhook_event_once() {
+    use common::webhook::{Receiver, endpoint_toml, secret};
+    let _turn = HEAVY.lock().await;
+    const MESSAGES: usize = 30;
+    let dir = tempfile::tempdir().expect("tmp");
+    let receiver = Receiver::start(&secret(9), &dir.path().join("r.db"), 0, &[]);
+    let db = Arc::new(TestDb::create());
+    let hook = endpoint_toml("app", &receiver.url(), &secret(9), "max_in_flight = 4\n");
+    let nodes: Vec<Daemon> = (1..=2)
+        .map(|n| {
+            Daemon::start(Options {
+                store: Store::Postgres(db.clone()),
+                node_id: Some(node_name(n)),
+                extra: hook.clone(),
+                ..Options::default()
+            })
+        })
+        .collect();
+    let mut clients = Vec::new();
+    for n in &nodes {
+        clients.push(Client::login(n.plain, "bob").await);
+    }
+    for i in 0..MESSAGES {
+        let m = message(Some(&format!("wh-nodes-{i}")), &format!("message {i}"));
+        submit_until_250(&mut clients[i % 2], "webhook message", &m).await;
+    }
+    // accepted + delivered per message.
+    let events = 2 * MESSAGES;
+    wait_for("every event delivered", 60, || async {
+        let delivered = db
+            .count("SELECT COUNT(*) FROM webhook_outbox WHERE state = 'delivered'")
+            .await;
+        (delivered == i64::try_from(events).expect("n")).then_some(())
+    })
+    .await;
+    let jobs = receiver.jobs();
+    let ids: HashSet<_> = jobs.iter().map(|j| j.webhook_id.clone()).collect();
+    assert_eq!(jobs.len(), events, "one job per event");
+    assert_eq!(ids.len(), events, "distinct webhook-ids");
+    for id in &ids {
+        assert_eq!(receiver.receipts_for(id), 1, "{id} was POSTed more than once");
+    }
+    assert_eq!(
+        receiver.receipts(),
+        i64::try_from(events).expect("n"),
+        "no request beyond one per event"
+    );
+}
