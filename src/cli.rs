@@ -231,15 +231,19 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
     config: &Config,
     store: Arc<S>,
 ) -> Result<(), String> {
+    // Producers hand fresh events to this node's sender through it.
+    let (handoff, inbox) = crate::webhook::handoff::open(&config.webhooks);
+    let router = crate::webhook::Router::new(&config.webhooks).with_handoff(handoff);
     // The worker first: a delivery setting that cannot work (DNS, TLS
     // roots, outbox folder) stops the daemon before it accepts mail.
-    let worker = Worker::start(config, store.clone())
+    let worker = Worker::start(config, store.clone(), router.clone())
         .await
         .map_err(|e| e.to_string())?;
     let webhooks = crate::webhook::Sender::start(
         &config.webhooks,
         store.clone(),
         config.delivery.keep_finished,
+        inbox,
     )
     .await
     .map_err(|e| e.to_string())?;
@@ -251,7 +255,7 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
         ),
         None => None,
     };
-    let acceptor = Arc::new(crate::server::acceptor(config, store.clone())?);
+    let acceptor = Arc::new(crate::server::acceptor(config, store.clone(), router)?);
     let http = match &config.http {
         Some(settings) => {
             Some(crate::http::start(config, settings, acceptor.clone(), store.clone()).await?)

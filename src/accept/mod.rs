@@ -291,7 +291,7 @@ impl Acceptor {
         let ledger =
             keyed.map(|k| self.ledger_entry(&workspace, k, reply.clone(), Some(id.clone()), now));
         let recipients = sub.recipients.len();
-        let events = self.webhooks.accepted(&Accepted {
+        let routed = self.webhooks.accepted(&Accepted {
             queue_id: &id,
             workspace: &workspace,
             idempotency_key: idempotency_key.as_deref(),
@@ -299,7 +299,7 @@ impl Acceptor {
             at: now,
         });
         let acceptance = Acceptance {
-            events,
+            events: routed.events,
             ledger,
             message: Some(NewMessage {
                 id: id.clone(),
@@ -315,6 +315,9 @@ impl Acceptor {
         };
         match self.store.commit(acceptance).await {
             Ok(CommitOutcome::Committed) => {
+                // Only now: an event of a transaction that failed was
+                // never written, and is never sent.
+                routed.handover.committed();
                 tracing::info!(%workspace, key = %key_log, queue_id = %id, recipients, "accepted");
                 (reply, Outcome::Accepted)
             }

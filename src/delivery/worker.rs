@@ -64,9 +64,11 @@ fn millis(d: Duration) -> i64 {
 impl Worker {
     /// Takes back leases a previous process left in `queue`, and starts
     /// delivering.
+    /// `webhooks` routes each attempt's events (`Router::new(&[])`: none).
     pub async fn start(
         config: &Config,
         queue: Arc<dyn DeliveryQueue>,
+        webhooks: Router,
     ) -> Result<Worker, DeliveryError> {
         let transport = Transport::from_config(config)?;
         let d = &config.delivery;
@@ -86,7 +88,7 @@ impl Worker {
             limiter: Limiter::new(d.max_per_destination),
             in_flight: Mutex::new(HashSet::new()),
             test_pause: d.test_pause_after_send,
-            webhooks: Router::new(&config.webhooks),
+            webhooks,
         });
         if !ctx.test_pause.is_zero() {
             tracing::warn!(pause = ?ctx.test_pause, "relay.delivery_test_pause_after_send is set: TEST ONLY");
@@ -385,7 +387,7 @@ async fn deliver_one(
         );
     }
     let bounce = bounce_for(&ctx, &loaded, &plan, now);
-    let events = ctx.webhooks.attempted(plan.rows.iter().map(|r| Attempted {
+    let routed = ctx.webhooks.attempted(plan.rows.iter().map(|r| Attempted {
         queue_id: &id,
         workspace: &loaded.workspace,
         idempotency_key: loaded.msg.idempotency_key.as_deref(),
@@ -396,7 +398,9 @@ async fn deliver_one(
         attempt: loaded.attempts + 1,
         at: now,
     }));
-    record(&ctx, queue::outcome(&id, &plan, now, bounce, events)).await;
+    if record(&ctx, queue::outcome(&id, &plan, now, bounce, routed.events)).await {
+        routed.handover.committed();
+    }
 }
 
 /// One transaction per destination, concurrently, each within the
@@ -523,7 +527,9 @@ const RECORD_LOG_EVERY: Duration = Duration::from_secs(60);
 /// claimed again, so it is never sent twice because a record failed, and
 /// its lease is released as soon as the disk allows. Only shutdown stops
 /// the retries; the next start then repeats the attempt (the crash window).
-async fn record(ctx: &Arc<Ctx>, outcome: AttemptOutcome) {
+/// True once recorded (with the attempt's events); false if the message
+/// was deleted meanwhile (nothing written).
+async fn record(ctx: &Arc<Ctx>, outcome: AttemptOutcome) -> bool {
     let id = outcome.id.clone();
     let mut delay = Duration::from_millis(50);
     let mut failures = 0u32;
@@ -543,11 +549,11 @@ async fn record(ctx: &Arc<Ctx>, outcome: AttemptOutcome) {
                 if !(state == MessageState::Delivered && all_delivered) {
                     log_state(&id, state, outcome.next_attempt_at);
                 }
-                return;
+                return true;
             }
             Ok(None) => {
                 tracing::info!(queue_id = %id, "message deleted during delivery; outcome not recorded");
-                return;
+                return false;
             }
             Err(e) => {
                 failures += 1;

@@ -32,8 +32,12 @@ use per_ip::PerIpLimit;
 use refuse::{Refusal, Refuser};
 
 /// The acceptance pipeline for a node's configuration, shared by every
-/// channel.
-pub fn acceptor(config: &Config, store: Arc<dyn Store>) -> Result<Acceptor, String> {
+/// channel; `webhooks` routes its `message.accepted` events.
+pub fn acceptor(
+    config: &Config,
+    store: Arc<dyn Store>,
+    webhooks: crate::webhook::Router,
+) -> Result<Acceptor, String> {
     Acceptor::new(
         store,
         config.retention,
@@ -41,7 +45,7 @@ pub fn acceptor(config: &Config, store: Arc<dyn Store>) -> Result<Acceptor, Stri
         &config.limits,
         crate::idempotency::volatile::VolatileHeaders::new(config.volatile_headers.iter().cloned()),
     )
-    .map(|a| a.with_webhooks(crate::webhook::Router::new(&config.webhooks)))
+    .map(|a| a.with_webhooks(webhooks))
 }
 
 /// The account directory from `[[user]]`, `[[trusted_network]]` and `[auth]`.

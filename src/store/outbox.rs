@@ -20,12 +20,16 @@ pub struct NewEvent {
     pub queue_id: Option<String>,
     /// The JSON body, exactly as it is sent and signed.
     pub payload: String,
+    /// `Some(ms)`: written already leased to this node's sender for that
+    /// long (`sending`), because it is handed to the sender in memory
+    /// after the commit; `None`: `pending`, for a claim.
+    pub lease_ms: Option<i64>,
 }
 
 /// A claimed event: leased to this sender until its attempt is recorded.
+/// `(webhook_id, endpoint)` names its row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxEvent {
-    pub row_id: i64,
     pub webhook_id: String,
     pub endpoint: String,
     pub event_type: String,
@@ -49,7 +53,7 @@ pub enum EventNext {
 /// health.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventAttempt {
-    pub row_id: i64,
+    pub webhook_id: String,
     pub endpoint: String,
     pub at: UnixMillis,
     /// The HTTP status, if the endpoint answered.
@@ -115,7 +119,11 @@ pub trait WebhookOutbox: Send + Sync + 'static {
 
     /// Gives a claimed event back untried (its endpoint was disabled while
     /// it waited for a slot): due now, attempts unchanged.
-    fn unclaim_event(&self, row_id: i64) -> BoxFuture<'static, Result<(), StoreError>>;
+    fn unclaim_event(
+        &self,
+        webhook_id: String,
+        endpoint: String,
+    ) -> BoxFuture<'static, Result<(), StoreError>>;
 
     /// Disables `endpoint` (it failed for too long); its events wait.
     fn disable_endpoint(

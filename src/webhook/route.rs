@@ -1,18 +1,32 @@
 //! Which events a state change causes, for which endpoints, and their JSON
 //! payloads: built by the acceptance pipeline and the delivery worker, then
 //! written by the store in the state change's own transaction (the outbox).
+//! Those the sender has room for are written leased to it and handed over
+//! after the commit (`handoff`).
 
 use serde_json::json;
 
+use super::handoff::{self, Direct, Handoff, Handover};
 use crate::config::WebhookEndpoint;
 use crate::event_type::EventType;
+use crate::store::outbox::OutboxEvent;
 use crate::store::{NewEvent, UnixMillis};
 use crate::trace::rfc3339_millis;
 
 /// The configured endpoints' filters. Empty: no event is ever written.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Router {
     endpoints: Vec<WebhookEndpoint>,
+    /// This node's sender, if it runs: fresh events go to it directly.
+    handoff: Option<Handoff>,
+}
+
+/// A state change's events: the rows for its transaction, and what to hand
+/// to the sender once that transaction committed.
+#[derive(Default)]
+pub struct Routed {
+    pub events: Vec<NewEvent>,
+    pub handover: Handover,
 }
 
 /// A message accepted into the queue.
@@ -40,14 +54,31 @@ pub struct Attempted<'a> {
 }
 
 /// A new event id: the `webhook-id` every delivery of the event carries.
+/// UUID v7 (milliseconds first, then random): ids written one after the
+/// other land side by side in the outbox's `(webhook_id, endpoint)` index,
+/// where random ones would each dirty a page of their own.
 fn new_webhook_id() -> String {
-    format!("msg_{}", uuid::Uuid::new_v4().simple())
+    format!("msg_{}", uuid::Uuid::now_v7().simple())
 }
 
 impl Router {
     pub fn new(endpoints: &[WebhookEndpoint]) -> Self {
         Self {
             endpoints: endpoints.to_vec(),
+            handoff: None,
+        }
+    }
+
+    /// Hands fresh events to this node's sender (see `handoff`).
+    pub fn with_handoff(mut self, handoff: Handoff) -> Self {
+        self.handoff = Some(handoff);
+        self
+    }
+
+    fn start(&self) -> Routed {
+        Routed {
+            events: Vec::new(),
+            handover: self.handoff.as_ref().map(Handover::new).unwrap_or_default(),
         }
     }
 
@@ -64,7 +95,7 @@ impl Router {
         queue_id: &str,
         at: UnixMillis,
         data: impl FnOnce() -> serde_json::Value,
-        out: &mut Vec<NewEvent>,
+        out: &mut Routed,
     ) {
         let mut wanted = self
             .endpoints
@@ -81,19 +112,35 @@ impl Router {
         })
         .to_string();
         let webhook_id = new_webhook_id();
-        out.extend(wanted.map(|e| NewEvent {
-            webhook_id: webhook_id.clone(),
-            endpoint: e.name.clone(),
-            event_type: event.as_str().to_owned(),
-            at,
-            workspace: workspace.to_owned(),
-            queue_id: Some(queue_id.to_owned()),
-            payload: payload.clone(),
-        }));
+        for e in wanted {
+            let permit = self.handoff.as_ref().and_then(|h| h.take(&e.name));
+            out.events.push(NewEvent {
+                webhook_id: webhook_id.clone(),
+                endpoint: e.name.clone(),
+                event_type: event.as_str().to_owned(),
+                at,
+                workspace: workspace.to_owned(),
+                queue_id: Some(queue_id.to_owned()),
+                payload: payload.clone(),
+                lease_ms: permit.as_ref().map(|_| handoff::lease_ms()),
+            });
+            if let Some(permit) = permit {
+                out.handover.push(Direct {
+                    event: OutboxEvent {
+                        webhook_id: webhook_id.clone(),
+                        endpoint: e.name.clone(),
+                        event_type: event.as_str().to_owned(),
+                        payload: payload.clone(),
+                        attempts: 0,
+                    },
+                    permit,
+                });
+            }
+        }
     }
 
-    pub fn accepted(&self, m: &Accepted<'_>) -> Vec<NewEvent> {
-        let mut out = Vec::new();
+    pub fn accepted(&self, m: &Accepted<'_>) -> Routed {
+        let mut out = self.start();
         self.route(
             EventType::Accepted,
             m.workspace,
@@ -114,8 +161,8 @@ impl Router {
     }
 
     /// The events of one attempt, one per recipient row.
-    pub fn attempted<'a>(&self, rows: impl IntoIterator<Item = Attempted<'a>>) -> Vec<NewEvent> {
-        let mut out = Vec::new();
+    pub fn attempted<'a>(&self, rows: impl IntoIterator<Item = Attempted<'a>>) -> Routed {
+        let mut out = self.start();
         for r in rows {
             let Some(event) = EventType::of_outcome(r.outcome) else {
                 continue;
@@ -185,7 +232,9 @@ mod tests {
             endpoint("bounces", Some(vec![EventType::Bounced]), None),
             endpoint("other-ws", None, Some("other")),
         ]);
-        let events = router.attempted([attempt("failed", "a@x"), attempt("delivered", "b@x")]);
+        let events = router
+            .attempted([attempt("failed", "a@x"), attempt("delivered", "b@x")])
+            .events;
         let names: Vec<_> = events
             .iter()
             .map(|e| (e.endpoint.as_str(), e.event_type.as_str()))
@@ -206,7 +255,7 @@ mod tests {
     #[test]
     fn payload_carries_the_attempt_facts() {
         let router = Router::new(&[endpoint("all", None, None)]);
-        let events = router.attempted([attempt("deferred", "a@x")]);
+        let events = router.attempted([attempt("deferred", "a@x")]).events;
         let v: serde_json::Value = serde_json::from_str(&events[0].payload).expect("json");
         assert_eq!(v["type"], "message.deferred");
         assert_eq!(v["timestamp"], "2026-11-30T20:06:34.007Z");
@@ -230,7 +279,7 @@ mod tests {
             recipients: &rcpts,
             at: 1,
         };
-        assert!(router.accepted(&accepted).is_empty());
+        assert!(router.accepted(&accepted).events.is_empty());
         assert!(Router::default().is_empty());
     }
 }

@@ -2,27 +2,29 @@
 //! endpoint with Standard Webhooks headers, and records the answer. Runs
 //! beside acceptance and delivery and never blocks them: they only write
 //! outbox rows in their own transactions; a slow endpoint holds only its
-//! own `max_in_flight` slots.
+//! own `max_in_flight` slots. Fresh events of this node come over the
+//! `handoff` inbox; claims take the rest (retries, other nodes' events,
+//! redeliveries, events written while the window was full).
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 
+use super::handoff::{DISABLED, DISABLING, Direct, Inbox, LEASE, Lane, OPEN, WINDOW_FACTOR};
 use super::policy::{self, Answer};
 use crate::config::WebhookEndpoint;
 use crate::store::outbox::{EventAttempt, EventNext, OutboxEvent, WebhookOutbox};
 use crate::store::{StoreError, UnixMillis, now_millis};
 
-/// A claimed event stays ours this long; its POST is cut off at the
-/// endpoint's timeout, well within it.
-const LEASE: Duration = Duration::from_secs(300);
 /// Without a wake-up (events written by another node or a redelivery
 /// from the CLI on SQLite), the outbox is looked at this often.
 const POLL: Duration = Duration::from_secs(1);
+/// After a wake-up for events written elsewhere, how soon to look.
+const NOTIFIED_LOOK: Duration = Duration::from_millis(50);
 const RECORD_RETRY_MAX: Duration = Duration::from_secs(5);
 const PURGE_EVERY: Duration = Duration::from_secs(60);
 const PURGE_BATCH: usize = 1000;
@@ -36,15 +38,15 @@ pub struct Sender {
 struct Endpoint {
     config: WebhookEndpoint,
     client: reqwest::Client,
+    /// Parsed once: reqwest would parse the string on every POST.
+    url: reqwest::Url,
     /// POSTs at once (`max_in_flight`).
     slots: Arc<Semaphore>,
-    /// Events claimed and not yet recorded: a few times `max_in_flight`,
-    /// so a slot never waits for the next claim's commit.
-    window: Arc<Semaphore>,
-    /// OPEN, DISABLING (this process saw a 410; the record is on its way)
-    /// or DISABLED: claimed events still waiting for a slot are given back
-    /// untried instead of meeting the 410 too.
-    state: AtomicU8,
+    /// The window (events claimed or handed over, not yet recorded) and
+    /// the state, shared with the producers. While DISABLING or DISABLED,
+    /// events still waiting for a slot are given back untried instead of
+    /// meeting the 410 too.
+    lane: Arc<Lane>,
 }
 
 impl Endpoint {
@@ -52,19 +54,12 @@ impl Endpoint {
     /// free once the window is empty): one claim per recorded event would
     /// cost a writer transaction per event.
     fn room_to_claim(&self) -> bool {
-        let free = self.window.available_permits();
+        let free = self.lane.window.available_permits();
         free > 0
             && (free >= self.config.max_in_flight
                 || free == self.config.max_in_flight * WINDOW_FACTOR)
     }
 }
-
-const OPEN: u8 = 0;
-const DISABLING: u8 = 1;
-const DISABLED: u8 = 2;
-
-/// Claimed events per endpoint, in units of `max_in_flight`.
-const WINDOW_FACTOR: usize = 4;
 
 struct Ctx {
     outbox: Arc<dyn WebhookOutbox>,
@@ -105,24 +100,37 @@ fn client_for(e: &WebhookEndpoint) -> Result<reqwest::Client, SenderError> {
 }
 
 impl Sender {
-    /// Starts sending for `endpoints` (none: no sender at all).
+    /// Starts sending for `endpoints` (none: no sender at all), with the
+    /// inbox of `handoff::open(endpoints)`.
     pub async fn start(
         endpoints: &[WebhookEndpoint],
         outbox: Arc<dyn WebhookOutbox>,
         keep: Duration,
+        inbox: Inbox,
     ) -> Result<Option<Sender>, SenderError> {
         if endpoints.is_empty() {
             return Ok(None);
         }
         let mut map = HashMap::new();
         for e in endpoints {
+            let lane = inbox
+                .lanes
+                .get(&e.name)
+                .cloned()
+                .ok_or_else(|| SenderError::Client {
+                    name: e.name.clone(),
+                    message: "no handoff lane (inbox of other endpoints)".into(),
+                })?;
             map.insert(
                 e.name.clone(),
                 Endpoint {
+                    lane,
                     client: client_for(e)?,
+                    url: reqwest::Url::parse(&e.url).map_err(|err| SenderError::Client {
+                        name: e.name.clone(),
+                        message: format!("url {:?}: {err}", e.url),
+                    })?,
                     slots: Arc::new(Semaphore::new(e.max_in_flight)),
-                    window: Arc::new(Semaphore::new(e.max_in_flight * WINDOW_FACTOR)),
-                    state: AtomicU8::new(OPEN),
                     config: e.clone(),
                 },
             );
@@ -138,7 +146,7 @@ impl Sender {
             tracing::warn!(error = %e, "webhooks: cannot take back earlier leases; they expire");
         }
         let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(run(ctx, stop_rx));
+        let task = tokio::spawn(run(ctx, stop_rx, inbox.from_producers));
         Ok(Some(Sender { stop, task }))
     }
 
@@ -150,76 +158,62 @@ impl Sender {
     }
 }
 
-async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
+/// Fresh events of this node arrive over `handed` and are sent at once.
+/// The outbox is claimed from only when something there can be due: at
+/// start, once the next due time (a retry, an expired lease) or the poll
+/// interval comes, and while a lane has a backlog (events written
+/// `pending` for want of room). Claiming on every commit would cost a
+/// writer transaction per batch for nothing: this node's fresh events are
+/// not in the outbox to be claimed.
+async fn run(
+    ctx: Arc<Ctx>,
+    mut stop: watch::Receiver<bool>,
+    mut handed: mpsc::UnboundedReceiver<Direct>,
+) {
     let mut in_flight = JoinSet::new();
     let mut last_purge = tokio::time::Instant::now();
+    let mut next_look = tokio::time::Instant::now();
     loop {
         if *stop.borrow() {
             break;
         }
         // Finished tasks' results are kept until joined.
         while in_flight.try_join_next().is_some() {}
-        let mut claimed_any = false;
-        for (name, endpoint) in &ctx.endpoints {
-            let free = endpoint.window.available_permits();
-            if !endpoint.room_to_claim() || !may_claim(&ctx, name, endpoint).await {
+        while let Ok(direct) = handed.try_recv() {
+            spawn_send(&ctx, &mut in_flight, direct.event, direct.permit);
+        }
+        let looking = tokio::time::Instant::now() >= next_look;
+        let backlog = ctx
+            .endpoints
+            .values()
+            .any(|e| e.lane.backlog.load(Ordering::Acquire));
+        if looking || backlog {
+            if claim_all(&ctx, &mut in_flight).await {
+                // More may be due at once; the window permitting, claim again.
+                tokio::task::yield_now().await;
                 continue;
             }
-            let now = now_millis();
-            match ctx
-                .outbox
-                .claim_events(now, now + millis(LEASE), free, vec![name.clone()])
-                .await
-            {
-                Ok(events) => {
-                    for event in events {
-                        claimed_any = true;
-                        let Ok(claimed) = endpoint.window.clone().try_acquire_owned() else {
-                            break;
-                        };
-                        let ctx = ctx.clone();
-                        in_flight.spawn(async move {
-                            send_one(&ctx, event).await;
-                            drop(claimed);
-                            ctx.window_freed.notify_one();
-                        });
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(endpoint = %name, error = %e, "webhooks: cannot claim events")
-                }
+            if looking {
+                next_look = tokio::time::Instant::now() + next_wait(&ctx).await;
             }
         }
         if last_purge.elapsed() >= PURGE_EVERY {
             last_purge = tokio::time::Instant::now();
             purge(&ctx).await;
         }
-        if claimed_any {
-            // More may be due at once; the window permitting, claim again.
-            tokio::task::yield_now().await;
-            continue;
-        }
-        // Only endpoints with room in their window can take an event now;
-        // with none, the next recorded event is the wake-up.
-        let open: Vec<String> = ctx
-            .endpoints
-            .iter()
-            .filter(|(_, e)| e.room_to_claim())
-            .map(|(name, _)| name.clone())
-            .collect();
-        let wait = if open.is_empty() {
-            Duration::from_secs(3600)
-        } else {
-            match ctx.outbox.next_event_due(open).await {
-                Ok(Some(due)) => until(due).min(POLL),
-                _ => POLL,
-            }
-        };
         tokio::select! {
             _ = stop.changed() => {}
-            () = ctx.outbox.events_queued() => {}
+            Some(direct) = handed.recv() => {
+                spawn_send(&ctx, &mut in_flight, direct.event, direct.permit);
+            }
+            // Another node's or an operator's events (PostgreSQL NOTIFY), or
+            // our own `pending` ones: look soon, in one pass for many.
+            () = ctx.outbox.events_queued() => {
+                next_look = next_look.min(tokio::time::Instant::now() + NOTIFIED_LOOK);
+            }
+            // A place came free: a backlog can move on.
             () = ctx.window_freed.notified() => {}
-            () = tokio::time::sleep(wait) => {}
+            () = tokio::time::sleep_until(next_look) => {}
         }
     }
     while in_flight.join_next().await.is_some() {}
@@ -228,10 +222,83 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
     }
 }
 
+/// One claim per endpoint with room; true if any event was claimed.
+async fn claim_all(ctx: &Arc<Ctx>, in_flight: &mut JoinSet<()>) -> bool {
+    let mut claimed_any = false;
+    for (name, endpoint) in &ctx.endpoints {
+        if !endpoint.room_to_claim() || !may_claim(ctx, name, endpoint).await {
+            continue;
+        }
+        // The places first, since producers take them too: a claimed event
+        // without one would wait for its lease to end.
+        let places: Vec<_> =
+            std::iter::from_fn(|| endpoint.lane.window.clone().try_acquire_owned().ok())
+                .take(endpoint.config.max_in_flight * WINDOW_FACTOR)
+                .collect();
+        if places.is_empty() {
+            continue;
+        }
+        let now = now_millis();
+        match ctx
+            .outbox
+            .claim_events(now, now + millis(LEASE), places.len(), vec![name.clone()])
+            .await
+        {
+            Ok(events) => {
+                if events.len() < places.len() {
+                    // Nothing more is due: fresh events may go straight to
+                    // the sender again.
+                    endpoint.lane.backlog.store(false, Ordering::Release);
+                }
+                for (event, place) in events.into_iter().zip(places) {
+                    claimed_any = true;
+                    spawn_send(ctx, in_flight, event, place);
+                }
+            }
+            Err(e) => tracing::warn!(endpoint = %name, error = %e, "webhooks: cannot claim events"),
+        }
+    }
+    claimed_any
+}
+
+/// Until the next look at the outbox: the next due event of an endpoint
+/// with room, at most the poll interval.
+async fn next_wait(ctx: &Ctx) -> Duration {
+    let open: Vec<String> = ctx
+        .endpoints
+        .iter()
+        .filter(|(_, e)| e.room_to_claim())
+        .map(|(name, _)| name.clone())
+        .collect();
+    if open.is_empty() {
+        // A full window: the next recorded event wakes the loop.
+        return POLL;
+    }
+    match ctx.outbox.next_event_due(open).await {
+        Ok(Some(due)) => until(due).min(POLL),
+        _ => POLL,
+    }
+}
+
+/// One event's POST and record, holding its place in the window.
+fn spawn_send(
+    ctx: &Arc<Ctx>,
+    in_flight: &mut JoinSet<()>,
+    event: OutboxEvent,
+    place: tokio::sync::OwnedSemaphorePermit,
+) {
+    let ctx = ctx.clone();
+    in_flight.spawn(async move {
+        send_one(&ctx, event).await;
+        drop(place);
+        ctx.window_freed.notify_one();
+    });
+}
+
 /// False while this process is disabling the endpoint, or knows it
 /// disabled; once the outbox shows it due again (`webhooks enable`), open.
 async fn may_claim(ctx: &Ctx, name: &str, endpoint: &Endpoint) -> bool {
-    match endpoint.state.load(Ordering::Acquire) {
+    match endpoint.lane.state.load(Ordering::Acquire) {
         OPEN => true,
         DISABLING => false,
         _ => {
@@ -239,7 +306,7 @@ async fn may_claim(ctx: &Ctx, name: &str, endpoint: &Endpoint) -> bool {
             let due = ctx.outbox.next_event_due(vec![name.to_owned()]).await;
             let enabled = matches!(due, Ok(Some(_)));
             if enabled {
-                endpoint.state.store(OPEN, Ordering::Release);
+                endpoint.lane.state.store(OPEN, Ordering::Release);
                 tracing::info!(endpoint = %name, "webhook endpoint enabled again");
             }
             enabled
@@ -256,16 +323,20 @@ async fn purge(ctx: &Ctx) {
 
 /// One POST of one event (within one of the endpoint's slots), then its
 /// record.
-async fn send_one(ctx: &Ctx, event: OutboxEvent) {
+async fn send_one(ctx: &Ctx, mut event: OutboxEvent) {
     let Some(endpoint) = ctx.endpoints.get(&event.endpoint) else {
         return;
     };
     let Ok(slot) = endpoint.slots.clone().acquire_owned().await else {
         return;
     };
-    if endpoint.state.load(Ordering::Acquire) != OPEN {
-        if let Err(err) = ctx.outbox.unclaim_event(event.row_id).await {
-            tracing::warn!(row = event.row_id, error = %err, "webhooks: cannot give an event back; its lease expires");
+    if endpoint.lane.state.load(Ordering::Acquire) != OPEN {
+        if let Err(err) = ctx
+            .outbox
+            .unclaim_event(event.webhook_id.clone(), event.endpoint.clone())
+            .await
+        {
+            tracing::warn!(webhook_id = %event.webhook_id, error = %err, "webhooks: cannot give an event back; its lease expires");
         }
         return;
     }
@@ -275,12 +346,12 @@ async fn send_one(ctx: &Ctx, event: OutboxEvent) {
         super::sign::signature(&e.secrets, &event.webhook_id, timestamp, &event.payload);
     let answer = match endpoint
         .client
-        .post(&e.url)
+        .post(endpoint.url.clone())
         .header("content-type", "application/json")
         .header("webhook-id", &event.webhook_id)
         .header("webhook-timestamp", timestamp.to_string())
         .header("webhook-signature", signature)
-        .body(event.payload.clone())
+        .body(std::mem::take(&mut event.payload))
         .send()
         .await
     {
@@ -307,7 +378,7 @@ async fn send_one(ctx: &Ctx, event: OutboxEvent) {
     );
     if disable.is_some() {
         // Before the slot is free: the next event waiting for it sees this.
-        endpoint.state.store(DISABLING, Ordering::Release);
+        endpoint.lane.state.store(DISABLING, Ordering::Release);
     }
     drop(slot);
     let (status, error) = match &answer {
@@ -325,7 +396,7 @@ async fn send_one(ctx: &Ctx, event: OutboxEvent) {
         tracing::warn!(endpoint = %e.name, reason = %reason, "webhook endpoint disabled; `smtp-once webhooks enable` turns it back on");
     }
     let attempt = EventAttempt {
-        row_id: event.row_id,
+        webhook_id: event.webhook_id.clone(),
         endpoint: event.endpoint.clone(),
         at: now,
         status,
@@ -334,8 +405,8 @@ async fn send_one(ctx: &Ctx, event: OutboxEvent) {
         disable,
     };
     let recorded = record(ctx, attempt).await;
-    if endpoint.state.load(Ordering::Acquire) == DISABLING {
-        endpoint.state.store(DISABLED, Ordering::Release);
+    if endpoint.lane.state.load(Ordering::Acquire) == DISABLING {
+        endpoint.lane.state.store(DISABLED, Ordering::Release);
     }
     let Some(health) = recorded else {
         return;
@@ -353,7 +424,7 @@ async fn send_one(ctx: &Ctx, event: OutboxEvent) {
         {
             tracing::warn!(endpoint = %e.name, error = %err, "webhooks: cannot disable the endpoint");
         } else {
-            endpoint.state.store(DISABLED, Ordering::Release);
+            endpoint.lane.state.store(DISABLED, Ordering::Release);
         }
     }
 }
@@ -407,14 +478,14 @@ async fn record(ctx: &Ctx, attempt: EventAttempt) -> Option<crate::store::outbox
             Ok(health) => return Some(health),
             Err(StoreError::NotFound(_)) => return None,
             Err(e) => {
-                tracing::warn!(row = attempt.row_id, error = %e, "webhooks: cannot record an attempt; retrying");
+                tracing::warn!(webhook_id = %attempt.webhook_id, error = %e, "webhooks: cannot record an attempt; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(RECORD_RETRY_MAX);
             }
         }
     }
     tracing::error!(
-        row = attempt.row_id,
+        webhook_id = %attempt.webhook_id,
         "webhooks: attempt not recorded; the event is sent again when its lease ends"
     );
     None

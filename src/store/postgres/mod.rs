@@ -308,7 +308,12 @@ pub(crate) fn unreachable(e: &tokio_postgres::Error) -> bool {
 
 /// One statement per acceptance (ledger entry, queue row and body as
 /// data-modifying CTEs), so a batch of them is pipelined in one round trip.
-async fn apply_acceptance(c: &ClientWrapper, a: &Acceptance) -> PgResult<CommitOutcome> {
+/// `node`: the holder of the events written already leased.
+async fn apply_acceptance(
+    c: &ClientWrapper,
+    a: &Acceptance,
+    node: &str,
+) -> PgResult<CommitOutcome> {
     // Replace a ledger entry only once it has expired; a row another node
     // has inserted but not committed makes this wait for that commit.
     const LEDGER: &str = "l AS (
@@ -397,7 +402,7 @@ async fn apply_acceptance(c: &ClientWrapper, a: &Acceptance) -> PgResult<CommitO
         (Some(_), None) => &LEDGER_ONLY,
         (None, Some(_)) => &MESSAGE_ONLY,
         (None, None) => {
-            outbox::insert_events(c, &a.events).await?;
+            outbox::insert_events(c, &a.events, node).await?;
             return Ok(CommitOutcome::Committed);
         }
     };
@@ -408,7 +413,7 @@ async fn apply_acceptance(c: &ClientWrapper, a: &Acceptance) -> PgResult<CommitO
         return Ok(CommitOutcome::KeyTaken);
     }
     // In the same transaction as the rows they report.
-    outbox::insert_events(c, &a.events).await?;
+    outbox::insert_events(c, &a.events, node).await?;
     Ok(CommitOutcome::Committed)
 }
 
@@ -421,6 +426,7 @@ async fn insert_message(c: &ClientWrapper, m: &NewMessage) -> PgResult<()> {
             message: Some(m.clone()),
             events: Vec::new(),
         },
+        "",
     )
     .await
     .map(|_| ())
@@ -485,10 +491,11 @@ impl Store for PgStore {
         let queues_mail = acceptance.message.is_some();
         let queues_events = !acceptance.events.is_empty();
         let acceptance = Arc::new(acceptance);
+        let node = Arc::new(self.node_id.clone());
         self.submit(Job::with_events(
             Job::new(queues_mail, order, move |c| {
-                let a = acceptance.clone();
-                Box::pin(async move { apply_acceptance(c, &a).await })
+                let (a, node) = (acceptance.clone(), node.clone());
+                Box::pin(async move { apply_acceptance(c, &a, &node).await })
             }),
             queues_events,
         ))

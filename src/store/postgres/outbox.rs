@@ -25,9 +25,14 @@ fn open_endpoints(n: u8) -> String {
     )
 }
 
-/// Writes `events` as pending rows, due at once, in one statement. An
-/// event already written (same id and endpoint) is left as it is.
-pub(super) async fn insert_events(c: &ClientWrapper, events: &[NewEvent]) -> PgResult<()> {
+/// Writes `events` in one statement: pending and due at once, or (with a
+/// `lease_ms`) already leased to `node`, whose sender gets them in memory.
+/// An event already written (same id and endpoint) is left as it is.
+pub(super) async fn insert_events(
+    c: &ClientWrapper,
+    events: &[NewEvent],
+    node: &str,
+) -> PgResult<()> {
     if events.is_empty() {
         return Ok(());
     }
@@ -39,16 +44,18 @@ pub(super) async fn insert_events(c: &ClientWrapper, events: &[NewEvent]) -> PgR
     let payloads = column(|e| e.payload.clone());
     let at: Vec<i64> = events.iter().map(|e| e.at).collect();
     let queue_ids: Vec<Option<String>> = events.iter().map(|e| e.queue_id.clone()).collect();
+    let leases: Vec<Option<i64>> = events.iter().map(|e| e.lease_ms).collect();
     let stmt = c
         .prepare_cached(
             "INSERT INTO webhook_outbox (webhook_id, endpoint, event_type, event_at, workspace,
                                          queue_id, payload, state, attempts, next_attempt_at,
-                                         created_at, updated_at)
+                                         lease_until, leased_by, created_at, updated_at)
              SELECT e.id, e.endpoint, e.type, e.at, e.workspace, e.queue_id, e.payload,
-                    'pending', 0, t, t, t
+                    CASE WHEN e.lease IS NULL THEN 'pending' ELSE 'sending' END, 0, t,
+                    t + e.lease, CASE WHEN e.lease IS NOT NULL THEN $9 END, t, t
              FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[],
-                         $6::text[], $7::text[])
-                    AS e(id, endpoint, type, at, workspace, queue_id, payload),
+                         $6::text[], $7::text[], $8::bigint[])
+                    AS e(id, endpoint, type, at, workspace, queue_id, payload, lease),
                   smtp_once_now() AS t
              ON CONFLICT (webhook_id, endpoint) DO NOTHING",
         )
@@ -63,6 +70,8 @@ pub(super) async fn insert_events(c: &ClientWrapper, events: &[NewEvent]) -> PgR
             &workspaces,
             &queue_ids,
             &payloads,
+            &leases,
+            &node,
         ],
     )
     .await?;
@@ -106,14 +115,13 @@ async fn claim_on(
             &[&lease, &node, &endpoints, &limit],
         )
         .await?;
-    let mut events: Vec<(i64, OutboxEvent)> = rows
+    let mut events: Vec<((i64, i64), OutboxEvent)> = rows
         .iter()
         .map(|r| {
             let attempts: i32 = r.get(5);
             (
-                r.get(6),
+                (r.get::<_, i64>(6), r.get::<_, i64>(0)),
                 OutboxEvent {
-                    row_id: r.get(0),
                     webhook_id: r.get(1),
                     endpoint: r.get(2),
                     event_type: r.get(3),
@@ -124,7 +132,7 @@ async fn claim_on(
         })
         .collect();
     // Oldest event first, so a receiver mostly sees them in order.
-    events.sort_by_key(|(at, e)| (*at, e.row_id));
+    events.sort_by_key(|(at_and_id, _)| *at_and_id);
     Ok(events.into_iter().map(|(_, e)| e).collect())
 }
 
@@ -147,7 +155,7 @@ async fn record_on(c: &ClientWrapper, a: &EventAttempt) -> PgResult<EndpointHeal
                  next_attempt_at = smtp_once_now() + $3::bigint, lease_until = NULL,
                  leased_by = NULL, last_status = $4, last_error = $5,
                  updated_at = smtp_once_now()
-               WHERE id = $1)
+               WHERE webhook_id = $1 AND endpoint = $6)
              INSERT INTO webhook_endpoint AS h (name, failing_since, disabled_at, disabled_reason)
              VALUES ($6,
                      CASE WHEN $2 = 'delivered' THEN NULL ELSE smtp_once_now() END,
@@ -166,7 +174,7 @@ async fn record_on(c: &ClientWrapper, a: &EventAttempt) -> PgResult<EndpointHeal
         .query_one(
             &stmt,
             &[
-                &a.row_id,
+                &a.webhook_id,
                 &state,
                 &wait,
                 &status,
@@ -213,15 +221,20 @@ impl WebhookOutbox for PgStore {
     }
 
     /// At the database's time, like every stored time.
-    fn unclaim_event(&self, row_id: i64) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn unclaim_event(
+        &self,
+        webhook_id: String,
+        endpoint: String,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
         self.submit(Job::new(false, String::new(), move |c| {
+            let (webhook_id, endpoint) = (webhook_id.clone(), endpoint.clone());
             Box::pin(async move {
                 c.execute(
                     "UPDATE webhook_outbox SET state = 'pending', lease_until = NULL,
                        leased_by = NULL, next_attempt_at = smtp_once_now(),
                        updated_at = smtp_once_now()
-                     WHERE id = $1 AND state = 'sending'",
-                    &[&row_id],
+                     WHERE webhook_id = $1 AND endpoint = $2 AND state = 'sending'",
+                    &[&webhook_id, &endpoint],
                 )
                 .await
                 .map(|_| ())

@@ -20,6 +20,7 @@ fn event(id: &str, endpoint: &str) -> NewEvent {
         workspace: "ws".into(),
         queue_id: None,
         payload: format!("{{\"id\":\"{id}\"}}"),
+        lease_ms: None,
     }
 }
 
@@ -40,7 +41,7 @@ async fn claim(store: &PgStore, lease_ms: i64, limit: usize, ep: &str) -> Vec<Ou
 
 fn attempt(e: &OutboxEvent, status: u16, next: EventNext) -> EventAttempt {
     EventAttempt {
-        row_id: e.row_id,
+        webhook_id: e.webhook_id.clone(),
         endpoint: e.endpoint.clone(),
         at: now_millis(),
         status: Some(status),
@@ -135,6 +136,60 @@ async fn a_record_writes_events_only_while_the_message_exists() {
     db.drop_db().await;
 }
 
+/// An event handed to node a's sender in memory is written leased to a:
+/// node b's claims skip it while the lease lasts, a's record finds it by
+/// `webhook-id`, and a's restart (release) makes a lost one due for all.
+#[tokio::test]
+async fn handed_over_events_are_leased_to_their_node() {
+    let db = TestDb::new().await;
+    let (a, b) = (db.node("a").await, db.node("b").await);
+    let mut commit = acceptance("H1", None, "x");
+    let mut handed = event("ev-h", "hook");
+    handed.lease_ms = Some(60_000);
+    let mut lost = event("ev-l", "hook");
+    lost.lease_ms = Some(60_000);
+    commit.events = vec![handed, lost, event("ev-p", "hook")];
+    a.commit(commit).await.expect("commit");
+    let sql = db.sql().await;
+    assert_eq!(
+        count(
+            &sql,
+            "SELECT COUNT(*) FROM webhook_outbox
+             WHERE state = 'sending' AND leased_by = 'a' AND lease_until > smtp_once_now()"
+        )
+        .await,
+        2
+    );
+    assert_eq!(ids(&claim(&b, 60_000, 10, "hook").await), ["ev-p"]);
+    let mut done = attempt(&claim_free("ev-h"), 204, EventNext::Delivered);
+    done.endpoint = "hook".into();
+    a.record_event(done).await.expect("record");
+    assert_eq!(
+        count(
+            &sql,
+            "SELECT COUNT(*) FROM webhook_outbox
+             WHERE webhook_id = 'ev-h' AND state = 'delivered' AND leased_by IS NULL"
+        )
+        .await,
+        1
+    );
+    // a restarts: its lost hand-over is due again, for any node.
+    assert_eq!(a.release_events(0).await.expect("release"), 1);
+    assert_eq!(ids(&claim(&b, 60_000, 10, "hook").await), ["ev-l"]);
+    db.drop_db().await;
+}
+
+/// The event as the sender holds it after a hand-over.
+fn claim_free(id: &str) -> OutboxEvent {
+    OutboxEvent {
+        webhook_id: id.into(),
+        endpoint: "hook".into(),
+        event_type: "message.accepted".into(),
+        payload: String::new(),
+        attempts: 0,
+    }
+}
+
 #[tokio::test]
 async fn two_nodes_claim_apart_release_their_own_and_take_over_a_dead_nodes() {
     let db = TestDb::new().await;
@@ -143,7 +198,10 @@ async fn two_nodes_claim_apart_release_their_own_and_take_over_a_dead_nodes() {
     events(&a, "X", "elsewhere", 1).await;
     let (ca, cb) = tokio::join!(claim(&a, 60_000, 6, "hook"), claim(&b, 60_000, 6, "hook"));
     assert_eq!(ca.len() + cb.len(), 10, "all claimed");
-    assert!(ca.iter().all(|e| !cb.iter().any(|f| f.row_id == e.row_id)));
+    assert!(
+        ca.iter()
+            .all(|e| !cb.iter().any(|f| f.webhook_id == e.webhook_id))
+    );
     assert!(ca.iter().chain(&cb).all(|e| e.endpoint == "hook"));
     assert!(
         claim(&b, 60_000, 10, "hook").await.is_empty(),

@@ -87,8 +87,9 @@ impl DeliveryQueue for PgStore {
         let queues_mail = outcome.bounce.is_some();
         let queues_events = !outcome.events.is_empty();
         let outcome = std::sync::Arc::new(outcome);
+        let node = std::sync::Arc::new(self.node_id.clone());
         self.submit(Job::with_events(Job::new(queues_mail, String::new(), move |c| {
-            let o = outcome.clone();
+            let (o, node) = (outcome.clone(), node.clone());
             Box::pin(async move {
                 let current: Option<String> = c
                     .query_opt(
@@ -141,7 +142,7 @@ impl DeliveryQueue for PgStore {
                 }
                 // Only here, where the row still exists: a deleted
                 // message's attempt reports nothing.
-                insert_events(c, &o.events).await?;
+                insert_events(c, &o.events, &node).await?;
                 Ok(Some(state))
             })
         }), queues_events))

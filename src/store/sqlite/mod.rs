@@ -229,6 +229,8 @@ fn companion(db_path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(p)
 }
 
+const STATEMENT_CACHE: usize = 128;
+
 fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection> {
     let flags = if read_only {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
@@ -239,6 +241,10 @@ fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection>
     };
     let conn = Connection::open_with_flags(path, flags)?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
+    // The writer runs the statements of acceptance, delivery and the
+    // webhook outbox, well over rusqlite's default of 16: evicted ones would
+    // be parsed again on every batch.
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     if !read_only {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         // FULL: a commit survives power loss, which a 250 promises.

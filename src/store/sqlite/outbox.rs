@@ -53,9 +53,8 @@ fn claim_on(
     let mut rows = stmt
         .query_map(params![now, lease_until, limit, endpoints], |r| {
             Ok((
-                r.get::<_, i64>(6)?,
+                (r.get::<_, i64>(6)?, r.get::<_, i64>(0)?),
                 OutboxEvent {
-                    row_id: r.get(0)?,
                     webhook_id: r.get(1)?,
                     endpoint: r.get(2)?,
                     event_type: r.get(3)?,
@@ -66,7 +65,7 @@ fn claim_on(
         })?
         .collect::<Result<Vec<_>, _>>()?;
     // Oldest event first, so a receiver mostly sees them in order.
-    rows.sort_by_key(|(at, e)| (*at, e.row_id));
+    rows.sort_by_key(|(at_and_id, _)| *at_and_id);
     Ok(rows.into_iter().map(|(_, e)| e).collect())
 }
 
@@ -79,9 +78,17 @@ fn record_on(tx: &Transaction<'_>, a: &EventAttempt) -> rusqlite::Result<Endpoin
     tx.prepare_cached(
         "UPDATE webhook_outbox SET state = ?2, attempts = attempts + 1, next_attempt_at = ?3,
             lease_until = NULL, last_status = ?4, last_error = ?5, updated_at = ?6
-         WHERE id = ?1",
+         WHERE webhook_id = ?1 AND endpoint = ?7",
     )?
-    .execute(params![a.row_id, state, next, a.status, a.error, a.at])?;
+    .execute(params![
+        a.webhook_id,
+        state,
+        next,
+        a.status,
+        a.error,
+        a.at,
+        a.endpoint
+    ])?;
     if a.next == EventNext::Delivered && a.disable.is_none() {
         tx.prepare_cached(
             "UPDATE webhook_endpoint SET failing_since = NULL
@@ -171,15 +178,19 @@ impl WebhookOutbox for SqliteStore {
         self.submit(writer::Job::new(false, move |tx| record_on(tx, &attempt)))
     }
 
-    fn unclaim_event(&self, row_id: i64) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn unclaim_event(
+        &self,
+        webhook_id: String,
+        endpoint: String,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
         let now = crate::store::now_millis();
         self.submit(writer::Job::new(false, move |tx| {
             tx.prepare_cached(
                 "UPDATE webhook_outbox SET state = 'pending', lease_until = NULL,
                     next_attempt_at = ?2, updated_at = ?2
-                 WHERE id = ?1 AND state = 'sending'",
+                 WHERE webhook_id = ?1 AND endpoint = ?3 AND state = 'sending'",
             )?
-            .execute(params![row_id, now])
+            .execute(params![webhook_id, now, endpoint])
             .map(|_| ())
         }))
     }

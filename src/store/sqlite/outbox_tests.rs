@@ -21,6 +21,7 @@ fn event(id: &str, endpoint: &str, at: i64) -> NewEvent {
         workspace: "w".into(),
         queue_id: Some("Q1".into()),
         payload: format!("{{\"id\":\"{id}\"}}"),
+        lease_ms: None,
     }
 }
 
@@ -61,9 +62,9 @@ fn names(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
 
-fn attempt(row_id: i64, at: i64, next: EventNext, status: Option<u16>) -> EventAttempt {
+fn attempt(webhook_id: &str, at: i64, next: EventNext, status: Option<u16>) -> EventAttempt {
     EventAttempt {
-        row_id,
+        webhook_id: webhook_id.into(),
         endpoint: "e1".into(),
         at,
         status,
@@ -190,6 +191,68 @@ async fn claims_lease_due_events_of_the_given_endpoints_once() {
     );
 }
 
+/// Events handed to this node's sender in memory are written leased to it:
+/// no claim takes them while the lease lasts, a record finds them by
+/// `webhook-id`, and a restart gives back those whose POST never happened.
+#[tokio::test]
+async fn handed_over_events_are_written_leased_and_released_at_start() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = SqliteStore::open(dir.path()).expect("store");
+    let mut handed = event("msg_h", "e1", 100);
+    handed.lease_ms = Some(300_000);
+    let events = vec![handed, event("msg_p", "e1", 100)];
+    store.commit(acceptance("k", events)).await.expect("commit");
+    assert_eq!(
+        count(
+            &store,
+            "SELECT COUNT(*) FROM webhook_outbox
+             WHERE webhook_id = 'msg_h' AND state = 'sending' AND lease_until = 300100"
+        ),
+        1
+    );
+    let claimed = store
+        .claim_events(200, 1000, 10, names(&["e1"]))
+        .await
+        .expect("claim");
+    let ids: Vec<_> = claimed.iter().map(|e| e.webhook_id.as_str()).collect();
+    assert_eq!(ids, ["msg_p"], "the leased event is not claimed");
+    store
+        .record_event(attempt("msg_h", 300, EventNext::Delivered, Some(204)))
+        .await
+        .expect("record by webhook-id");
+    assert_eq!(
+        count(
+            &store,
+            "SELECT COUNT(*) FROM webhook_outbox
+             WHERE webhook_id = 'msg_h' AND state = 'delivered' AND attempts = 1"
+        ),
+        1
+    );
+    // A handed-over event whose POST never happened (a crash): released at
+    // start, claimed like any other.
+    let mut lost = event("msg_l", "e1", 400);
+    lost.lease_ms = Some(300_000);
+    let mut second = acceptance("k2", vec![lost]);
+    if let Some(m) = second.message.as_mut() {
+        m.id = "Q2".into();
+    }
+    store.commit(second).await.expect("commit");
+    assert!(
+        store
+            .claim_events(500, 1000, 10, names(&["e1"]))
+            .await
+            .expect("claim")
+            .is_empty()
+    );
+    assert_eq!(store.release_events(600).await.expect("release"), 2);
+    let again = store
+        .claim_events(700, 1000, 10, names(&["e1"]))
+        .await
+        .expect("claim");
+    let ids: Vec<_> = again.iter().map(|e| e.webhook_id.as_str()).collect();
+    assert_eq!(ids, ["msg_p", "msg_l"]);
+}
+
 #[tokio::test]
 async fn records_move_events_and_endpoint_health() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -200,7 +263,10 @@ async fn records_move_events_and_endpoint_health() {
         .claim_events(100, 1000, 10, names(&["e1"]))
         .await
         .expect("claim");
-    let (r1, r2) = (claimed[0].row_id, claimed[1].row_id);
+    let (r1, r2) = (
+        claimed[0].webhook_id.as_str(),
+        claimed[1].webhook_id.as_str(),
+    );
 
     let h = store
         .record_event(attempt(r1, 110, EventNext::RetryAt(5000), Some(500)))
@@ -298,7 +364,7 @@ async fn purges_only_finished_events_and_wakes_the_sender() {
         .expect("claim");
     store
         .record_event(attempt(
-            claimed[0].row_id,
+            &claimed[0].webhook_id,
             200,
             EventNext::Failed,
             Some(500),

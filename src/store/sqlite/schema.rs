@@ -56,8 +56,11 @@ const MIGRATIONS: &[&str] = &[
     // 3: the webhook outbox, one row per event and endpoint, written in the
     //    transaction of the state change it reports; and each endpoint's
     //    health (failing since, disabled).
+    //    Plain rowid, not AUTOINCREMENT (which writes sqlite_sequence on
+    //    every insert): an id is reused only after the newest row was
+    //    purged, and purged rows are finished, held by no sender.
     "CREATE TABLE webhook_outbox (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        id INTEGER PRIMARY KEY,
         webhook_id TEXT NOT NULL,
         endpoint TEXT NOT NULL,
         event_type TEXT NOT NULL,

@@ -285,8 +285,10 @@ pub(crate) fn insert_events(tx: &Transaction<'_>, events: &[NewEvent]) -> rusqli
     }
     let mut stmt = tx.prepare_cached(
         "INSERT INTO webhook_outbox (webhook_id, endpoint, event_type, event_at, workspace,
-                                     queue_id, payload, state, next_attempt_at, created_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?4, ?4, ?4)
+                                     queue_id, payload, state, next_attempt_at, lease_until,
+                                     created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7,
+                 CASE WHEN ?8 IS NULL THEN 'pending' ELSE 'sending' END, ?4, ?4 + ?8, ?4, ?4)
          ON CONFLICT (webhook_id, endpoint) DO NOTHING",
     )?;
     for e in events {
@@ -297,7 +299,8 @@ pub(crate) fn insert_events(tx: &Transaction<'_>, events: &[NewEvent]) -> rusqli
             e.at,
             e.workspace,
             e.queue_id,
-            e.payload
+            e.payload,
+            e.lease_ms
         ])?;
     }
     Ok(())
