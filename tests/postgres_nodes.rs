@@ -875,7 +875,11 @@ async fn two_nodes_send_each_webhook_event_once() {
     assert_eq!(jobs.len(), events, "one job per event");
     assert_eq!(ids.len(), events, "distinct webhook-ids");
     for id in &ids {
-        assert_eq!(receiver.receipts_for(id), 1, "{id} was POSTed more than once");
+        assert_eq!(
+            receiver.receipts_for(id),
+            1,
+            "{id} was POSTed more than once"
+        );
     }
     assert_eq!(
         receiver.receipts(),
