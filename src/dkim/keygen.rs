@@ -69,9 +69,10 @@ pub fn generate(algorithm: Algorithm) -> Result<NewKey, KeygenError> {
         }
         Algorithm::Ed25519 => {
             let pair = DkimKeyPair::generate_ed25519().map_err(|e| failed(&e))?;
+            let v1 = pkcs8_v1(pair.private_key()).map_err(|e| failed(&e))?;
             // RFC 8463: the bare 32-byte public key.
             Ok(NewKey {
-                pem: pem("PRIVATE KEY", pair.private_key()),
+                pem: pem("PRIVATE KEY", &v1),
                 record: format!("v=DKIM1; k=ed25519; p={}", b64(pair.public_key())),
             })
         }
@@ -121,6 +122,15 @@ pub fn zone_record(domain: &str, selector: &str, value: &str) -> String {
         "{selector}._domainkey.{domain}. IN TXT ( {} )",
         strings.join("\n    ")
     )
+}
+
+/// ring writes PKCS#8 version 2 (the public key included), which OpenSSL 3
+/// does not read; other tools (OpenDKIM, rspamd) take keys through it, so
+/// the file is the version 1 form that `openssl genpkey` writes.
+fn pkcs8_v1(v2: &[u8]) -> Result<Vec<u8>, rsa::pkcs8::Error> {
+    use rsa::pkcs8::der::Encode;
+    let info = rsa::pkcs8::PrivateKeyInfo::try_from(v2)?;
+    Ok(rsa::pkcs8::PrivateKeyInfo::new(info.algorithm, info.private_key).to_der()?)
 }
 
 fn pem(label: &str, der: &[u8]) -> String {

@@ -41,7 +41,10 @@ pub fn acceptor(config: &Config, store: Arc<dyn Store>) -> Result<Acceptor, Stri
         &config.limits,
         crate::idempotency::volatile::VolatileHeaders::new(config.volatile_headers.iter().cloned()),
     )
-    .map(|a| a.with_webhooks(crate::webhook::Router::new(&config.webhooks)))
+    .map(|a| {
+        a.with_webhooks(crate::webhook::Router::new(&config.webhooks))
+            .with_dkim(crate::dkim::Signers::new(config.dkim.clone()))
+    })
 }
 
 /// The account directory from `[[user]]`, `[[trusted_network]]` and `[auth]`.
