@@ -1,9 +1,9 @@
 //! DKIM signing of a message about to be queued (see [`crate::dkim`]).
 //!
-//! RSA's private-key operation costs about a millisecond of CPU, so it runs
-//! on the parse pool like the other whole-message work, never on an async
-//! worker; an Ed25519 signature of a small message costs microseconds and
-//! is made inline (the pool's thread hop would cost more).
+//! RSA-2048's private-key operation costs about half a millisecond of CPU,
+//! so it runs on the parse pool like the other whole-message work, never on
+//! an async worker; an Ed25519 signature of a small message costs about 30
+//! microseconds and is made inline (on the pool it measured no faster).
 
 use std::sync::Arc;
 
