@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine too: installs what the tests need
-# (swaks, from Debian's packages; schemathesis and standardwebhooks, from
-# PyPI), then runs every test.
+# (swaks, from Debian's packages; schemathesis, standardwebhooks, dkimpy and
+# pynacl, from PyPI), then runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +26,14 @@ fi
 if ! python3 -c 'import standardwebhooks' >/dev/null 2>&1; then
   echo "scripts/test.sh: installing standardwebhooks" >&2
   pip3 install --quiet standardwebhooks==1.1.0
+fi
+
+# tests/dkim.rs verifies signatures with dkimpy (tests/dkim_verify.py), an
+# independent implementation, which needs PyNaCl for Ed25519; it fails (does
+# not skip) without them. It also runs openssl (an RSA-1024 key to refuse).
+if ! python3 -c 'import dkim, nacl' >/dev/null 2>&1; then
+  echo "scripts/test.sh: installing dkimpy and pynacl" >&2
+  pip3 install --quiet dkimpy==1.1.8 pynacl==1.6.2
 fi
 
 # The PostgreSQL tests (tests/postgres_nodes.rs and the second pass below)

@@ -119,6 +119,33 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::webhook::ops::WebhooksCommand,
     },
+    /// Make a DKIM key: writes the private key (mode 0600) and prints the
+    /// DNS TXT record to publish and the [[dkim]] entry for the config.
+    DkimKeygen {
+        /// The signing domain (d=), e.g. example.com.
+        #[arg(long)]
+        domain: String,
+        /// The selector (s=): the record goes at <selector>._domainkey.<domain>.
+        #[arg(long)]
+        selector: String,
+        #[arg(long, value_enum, default_value_t = KeyAlgorithm::Rsa)]
+        algorithm: KeyAlgorithm,
+        /// RSA key size, 2048 to 4096 bits [default: 2048].
+        #[arg(long)]
+        bits: Option<usize>,
+        /// Where to write the private key; never over an existing file
+        /// [default: ./<selector>.<domain>.pem].
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+/// `dkim-keygen --algorithm`: RSA for every verifier, Ed25519 (RFC 8463)
+/// as a second signature beside it.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyAlgorithm {
+    Rsa,
+    Ed25519,
 }
 
 pub fn run(cli: Cli) -> ExitCode {
@@ -149,6 +176,13 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Release { config, queue_ids } => operate(config, &queue_ids, Op::Release),
         Command::Delete { config, queue_ids } => operate(config, &queue_ids, Op::Delete),
         Command::Webhooks { command } => crate::webhook::ops::run(command),
+        Command::DkimKeygen {
+            domain,
+            selector,
+            algorithm,
+            bits,
+            out,
+        } => dkim_keygen(&domain, &selector, algorithm, bits, out),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -314,12 +348,50 @@ async fn wait_for_signal() {
 fn check_config(path: PathBuf) -> Result<(), String> {
     let config = Config::load(&path).map_err(|e| e.to_string())?;
     println!(
-        "{}: ok ({} listener(s), {} user(s), {} trusted network(s), data in {})",
+        "{}: ok ({} listener(s), {} user(s), {} trusted network(s), {} DKIM key(s), data in {})",
         path.display(),
         config.listeners.len(),
         config.users.len(),
         config.trusted_networks.len(),
+        config.dkim.len(),
         config.data_dir.display()
+    );
+    Ok(())
+}
+
+fn dkim_keygen(
+    domain: &str,
+    selector: &str,
+    algorithm: KeyAlgorithm,
+    bits: Option<usize>,
+    out: Option<PathBuf>,
+) -> Result<(), String> {
+    use crate::dkim::keygen::{self, Algorithm};
+    let domain = crate::dkim::signer::check_domain(domain).map_err(|e| format!("--domain {e}"))?;
+    crate::dkim::signer::check_selector(selector).map_err(|e| format!("--selector {e}"))?;
+    let algorithm = match (algorithm, bits) {
+        (KeyAlgorithm::Rsa, bits) => Algorithm::Rsa {
+            bits: bits.unwrap_or(2048),
+        },
+        (KeyAlgorithm::Ed25519, None) => Algorithm::Ed25519,
+        (KeyAlgorithm::Ed25519, Some(_)) => {
+            return Err("--bits is for RSA keys; Ed25519 keys have one size".into());
+        }
+    };
+    let out = out.unwrap_or_else(|| PathBuf::from(format!("{selector}.{domain}.pem")));
+    let key = keygen::generate(algorithm).map_err(|e| e.to_string())?;
+    keygen::write(&key, &out).map_err(|e| e.to_string())?;
+    // The config reads a relative path from its own folder, which is
+    // rarely where this ran: give it the absolute one.
+    let path = std::fs::canonicalize(&out).unwrap_or(out);
+    let path_toml = toml::Value::String(path.display().to_string());
+    println!(
+        "wrote the private key to {} (mode 0600)\n\n\
+         publish this DNS TXT record:\n\n{}\n\n\
+         and add to the config:\n\n\
+         [[dkim]]\ndomain = \"{domain}\"\nselector = \"{selector}\"\nprivate_key = {path_toml}",
+        path.display(),
+        keygen::zone_record(&domain, selector, &key.record),
     );
     Ok(())
 }

@@ -11,10 +11,12 @@ use serde::Deserialize;
 
 use crate::auth::{AuthSettings, Cidr, SenderPattern, ThrottleSettings};
 
+mod dkim;
 mod http;
 mod parse;
 mod store;
 mod webhook;
+pub use dkim::RawDkim;
 pub use http::{HttpSettings, RawHttp};
 use parse::{drop_repeats, parse_raw};
 pub use store::{PostgresSettings, RawStore, StoreBackend};
@@ -63,6 +65,8 @@ pub struct RawConfig {
     pub metrics: Option<RawMetrics>,
     #[serde(default, rename = "webhook")]
     pub webhooks: Vec<RawWebhook>,
+    #[serde(default, rename = "dkim")]
+    pub dkim: Vec<RawDkim>,
 }
 
 /// `[metrics]`: the listener for /metrics, /healthz and /readyz.
@@ -513,6 +517,8 @@ pub struct Config {
     pub metrics: Option<SocketAddr>,
     /// `[[webhook]]` endpoints for delivery-status events.
     pub webhooks: Vec<WebhookEndpoint>,
+    /// `[[dkim]]` keys, loaded, in the file's order.
+    pub dkim: Vec<crate::dkim::DomainSigner>,
 }
 
 /// Deepest `limits.max_mime_depth` allowed: the parse threads' stacks are
@@ -894,6 +900,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
     let node_id = store::node_id(s.node_id.as_deref(), p);
     let auth = validate_auth(&raw.auth, p);
     let webhooks = webhook::validate_webhooks(&raw.webhooks, base, p);
+    let dkim = dkim::validate_dkim(&raw.dkim, base, p);
     let metrics = raw.metrics.as_ref().and_then(|m| {
         let addr = m.addr.parse::<SocketAddr>();
         if addr.is_err() {
@@ -933,6 +940,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         limits,
         metrics,
         webhooks,
+        dkim,
     }
 }
 

@@ -9,6 +9,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod delivery;
+pub mod dkim;
 pub mod event_type;
 pub mod fd_limit;
 pub mod http;

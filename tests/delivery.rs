@@ -1,5 +1,6 @@
 //! Outbound delivery over real processes and sockets: file mode, a
-//! smarthost (a second smtp-once, or a tiny SMTP server written here),
+//! smarthost (a second smtp-once, or the tiny SMTP server of
+//! `common/tiny.rs`),
 //! exactly once across `kill -9`, MX routing with a made-up resolver,
 //! bounces, operator commands and shutdown.
 
@@ -7,17 +8,17 @@ mod common;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use common::tiny::{Tiny, Txn, accept_all};
 use common::{Client, Daemon, Options, message, wait_until};
 use smtp_once::delivery::mx::{DnsError, MxAnswer, MxRecord, MxTransport, Resolver};
 use smtp_once::delivery::outgoing::Outgoing;
 use smtp_once::delivery::smtp::ClientSettings;
 use smtp_once::delivery::{RcptResult, Status};
 use smtp_once::store::BoxFuture;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// Fast retries and polling, so the suite never waits on production timers.
 const FAST: &str = "retry_schedule = [\"200ms\"]\npoll_interval = \"50ms\"\n";
@@ -99,126 +100,6 @@ async fn submit(d: &Daemon, user: &str, from: &str, rcpts: &[&str], msg: &[u8]) 
     assert_eq!(r.code, 250, "{r:?}");
     c.quit().await;
     r.queue_id().expect("queue id")
-}
-
-// ------------------------------------------------------------ tiny server
-
-#[derive(Debug, Clone)]
-struct Txn {
-    from: String,
-    rcpts: Vec<String>,
-    data: Vec<u8>,
-}
-
-/// The reply to `RCPT TO:<rcpt>` the `nth` time this recipient is seen.
-type Rule = Arc<dyn Fn(&str, usize) -> String + Send + Sync>;
-
-/// A minimal SMTP server on its own thread and runtime (so blocking test
-/// code never stalls it), recording every transaction it accepts.
-struct Tiny {
-    addr: SocketAddr,
-    txns: Arc<Mutex<Vec<Txn>>>,
-    data_started: Arc<AtomicUsize>,
-}
-
-impl Tiny {
-    fn start(bind: SocketAddr, rule: Rule, data_delay: Duration) -> Tiny {
-        let txns = Arc::new(Mutex::new(Vec::new()));
-        let data_started = Arc::new(AtomicUsize::new(0));
-        let seen = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
-        let (t, started) = (txns.clone(), data_started.clone());
-        let addr = common::spawn_server(bind, move |stream| {
-            let (rule, seen, t, started) = (rule.clone(), seen.clone(), t.clone(), started.clone());
-            async move {
-                let _ = tiny_session(stream, rule, seen, t, started, data_delay).await;
-            }
-        });
-        Tiny {
-            addr,
-            txns,
-            data_started,
-        }
-    }
-
-    fn txns(&self) -> Vec<Txn> {
-        self.txns.lock().expect("lock").clone()
-    }
-}
-
-fn angle(line: &str) -> String {
-    let start = line.find('<').map_or(0, |i| i + 1);
-    let end = line.rfind('>').unwrap_or(line.len());
-    line.get(start..end).unwrap_or_default().to_string()
-}
-
-async fn tiny_session(
-    stream: tokio::net::TcpStream,
-    rule: Rule,
-    seen: Arc<Mutex<HashMap<String, usize>>>,
-    txns: Arc<Mutex<Vec<Txn>>>,
-    data_started: Arc<AtomicUsize>,
-    data_delay: Duration,
-) -> std::io::Result<()> {
-    let (r, mut w) = stream.into_split();
-    let mut r = BufReader::new(r);
-    w.write_all(b"220 tiny ESMTP\r\n").await?;
-    let (mut from, mut rcpts) = (String::new(), Vec::new());
-    loop {
-        let mut line = Vec::new();
-        if r.read_until(b'\n', &mut line).await? == 0 {
-            return Ok(());
-        }
-        let line = String::from_utf8_lossy(&line).trim_end().to_string();
-        let verb = line.get(..4).unwrap_or_default().to_ascii_uppercase();
-        let reply = match verb.as_str() {
-            "EHLO" => "250-tiny\r\n250-8BITMIME\r\n250 SIZE 100000000".to_string(),
-            "MAIL" => {
-                from = angle(&line);
-                rcpts.clear();
-                "250 2.1.0 Ok".into()
-            }
-            "RCPT" => {
-                let rcpt = angle(&line);
-                let nth = {
-                    let mut seen = seen.lock().expect("lock");
-                    let n = seen.entry(rcpt.clone()).or_insert(0);
-                    *n += 1;
-                    *n
-                };
-                let reply = rule(&rcpt, nth);
-                if reply.starts_with('2') {
-                    rcpts.push(rcpt);
-                }
-                reply
-            }
-            "DATA" if rcpts.is_empty() => "554 5.5.1 No valid recipients".into(),
-            "DATA" => {
-                w.write_all(b"354 go ahead\r\n").await?;
-                data_started.fetch_add(1, Ordering::SeqCst);
-                let Some(data) = common::read_data_body(&mut r).await? else {
-                    return Ok(());
-                };
-                tokio::time::sleep(data_delay).await;
-                txns.lock().expect("lock").push(Txn {
-                    from: from.clone(),
-                    rcpts: std::mem::take(&mut rcpts),
-                    data,
-                });
-                "250 2.0.0 tiny queued".into()
-            }
-            "RSET" | "NOOP" => "250 2.0.0 Ok".into(),
-            "QUIT" => {
-                w.write_all(b"221 2.0.0 Bye\r\n").await?;
-                return Ok(());
-            }
-            _ => "502 5.5.1 Unknown command".into(),
-        };
-        w.write_all(format!("{reply}\r\n").as_bytes()).await?;
-    }
-}
-
-fn accept_all() -> Rule {
-    Arc::new(|_, _| "250 2.1.5 Ok".to_string())
 }
 
 fn key_of(data: &[u8]) -> Option<String> {

@@ -54,6 +54,8 @@ pub trait Channel: Send + Sync {
     fn over_limits(&self, error: &MimeLimitError) -> Vec<u8>;
     /// The message could not be analysed (an internal failure).
     fn analysis_failed(&self) -> Vec<u8>;
+    /// The DKIM signature could not be made; nothing was queued.
+    fn signing_failed(&self) -> Vec<u8>;
 }
 
 /// The SMTP wording: reply lines.
@@ -125,6 +127,15 @@ impl Channel for Smtp {
             451,
             "4.3.0",
             "Temporary failure analysing the message: not accepted, retry",
+        )
+        .to_bytes()
+    }
+
+    fn signing_failed(&self) -> Vec<u8> {
+        Reply::new(
+            451,
+            "4.3.0",
+            "Temporary failure signing the message (DKIM): not accepted, retry",
         )
         .to_bytes()
     }

@@ -70,6 +70,28 @@ pub fn check(account: &Account, content: &[u8]) -> Result<(), FromError> {
     Ok(())
 }
 
+/// The domain of the first mailbox of the one `From:` header, as written
+/// (a domain literal keeps its brackets): what DKIM signing is chosen by.
+/// Read with the same strict parser as the check, so a message it would
+/// refuse is never signed for a domain that another reader would not see.
+pub fn first_domain(content: &[u8]) -> Result<String, FromError> {
+    let mut values = from_values(content);
+    let value = match values.len() {
+        0 => return Err(FromError::Missing),
+        1 => values.pop().unwrap_or_default(),
+        n => return Err(FromError::Repeated(n)),
+    };
+    let first = mailboxes(&value)?
+        .into_iter()
+        .next()
+        .ok_or(FromError::NoAddress)?;
+    // The domain has no `@` (dot-atom or literal), a quoted local part may.
+    first
+        .rsplit_once('@')
+        .map(|(_, domain)| domain.to_owned())
+        .ok_or(FromError::Malformed("address without @"))
+}
+
 /// The unfolded values of every `From:`-like field of the top-level header
 /// section.
 fn from_values(content: &[u8]) -> Vec<Vec<u8>> {

@@ -162,3 +162,24 @@ proptest::proptest! {
         let _ = check(&alice(), &m);
     }
 }
+
+#[test]
+fn the_signing_domain_is_the_first_mailboxs() {
+    let domain =
+        |headers: &str| first_domain(format!("{headers}Subject: x\r\n\r\nbody\r\n").as_bytes());
+    assert_eq!(
+        domain("From: Alice <alice@Mail.Example.test>\r\n"),
+        Ok("Mail.Example.test".into())
+    );
+    assert_eq!(
+        domain("From: \"a@b\"@example.test, bob@other.test\r\n"),
+        Ok("example.test".into())
+    );
+    assert_eq!(domain("From: x@[192.0.2.1]\r\n"), Ok("[192.0.2.1]".into()));
+    assert_eq!(domain("To: x@example.test\r\n"), Err(FromError::Missing));
+    assert_eq!(
+        domain("From: a@example.test\r\nFrom: b@example.test\r\n"),
+        Err(FromError::Repeated(2))
+    );
+    assert!(domain("From: undisclosed:;\r\n").is_err());
+}

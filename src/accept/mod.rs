@@ -7,16 +7,23 @@
 //! Everything that reads the whole message (key, MIME limits, fingerprint,
 //! `From:` check: [`facts`]) runs first, on the [`pool`]'s threads, never on
 //! an async worker (except for small messages, see [`INLINE_MAX`]).
+//!
+//! A new queue row is DKIM-signed ([`sign`]) after the decision and before
+//! the commit, and the signature is stored with it: every relay attempt
+//! then sends the same bytes, which the next hop deduplicates by key and
+//! content. Replays and rejections are never signed.
 
 pub mod channel;
 mod facts;
 pub mod from_header;
 pub mod pool;
+mod sign;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Limits;
+use crate::dkim::Signers;
 use crate::idempotency::claims::Claims;
 use crate::idempotency::decision::{Decision, decide};
 use crate::idempotency::fingerprint::Fingerprint;
@@ -57,6 +64,9 @@ pub struct Acceptor {
     pool: Pool,
     /// `[[webhook]]` filters: `message.accepted` rows join the commit.
     webhooks: Router,
+    /// `[[dkim]]` keys: a new message whose `From:` domain has one is
+    /// signed before its commit.
+    dkim: Arc<Signers>,
 }
 
 /// A key that passed validation, with the request's fingerprint.
@@ -88,7 +98,14 @@ impl Acceptor {
             volatile: Arc::new(volatile),
             pool,
             webhooks: Router::default(),
+            dkim: Arc::new(Signers::default()),
         })
+    }
+
+    /// Signs each new message whose `From:` domain has a key.
+    pub fn with_dkim(mut self, signers: Signers) -> Self {
+        self.dkim = Arc::new(signers);
+        self
     }
 
     /// Writes a `message.accepted` event into the outbox with each
@@ -284,9 +301,19 @@ impl Acceptor {
             return (reply, Outcome::Rejected);
         }
 
+        // Signed once, here: the signature is stored in the trace, so a
+        // retried relay attempt carries the same `t=` and bytes.
+        let (sub, signed) = match self.sign(sub).await {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::error!(%workspace, key = %key_log, error = %e, "not accepted: DKIM signing failed");
+                return (channel.signing_failed(), Outcome::Unavailable);
+            }
+        };
         let id = queue_id::next();
         let reply = channel.accepted(&id);
-        let trace = received_header(&sub, &self.hostname, &id, now);
+        let mut trace = received_header(&sub, &self.hostname, &id, now);
+        trace.push_str(&signed.headers);
         let idempotency_key = keyed.as_ref().map(|k| k.key.clone());
         let ledger =
             keyed.map(|k| self.ledger_entry(&workspace, k, reply.clone(), Some(id.clone()), now));
@@ -318,7 +345,7 @@ impl Acceptor {
                 // Only now: an event of a transaction that failed was
                 // never written, and is never sent.
                 routed.handover.committed();
-                tracing::info!(%workspace, key = %key_log, queue_id = %id, recipients, "accepted");
+                tracing::info!(%workspace, key = %key_log, queue_id = %id, recipients, dkim = %signed.labels, "accepted");
                 (reply, Outcome::Accepted)
             }
             // Another writer (another node) committed the key first; the

@@ -1,6 +1,8 @@
-//! The bytes relayed for one transaction: our trace header, the
+//! The bytes relayed for one transaction: our trace headers (`Received:`
+//! and any `DKIM-Signature:` made at acceptance), the
 //! `X-Bird-Idempotency-Key` the next hop deduplicates on, and the body as
-//! accepted.
+//! accepted. The key header is never in a signature's `h=`, so rewriting it
+//! here leaves the signature valid.
 //!
 //! The key must name exactly one envelope at the next hop. A transaction to
 //! every recipient carries the submitter's key unchanged (or

@@ -146,6 +146,14 @@ impl Channel for Http {
             "temporary failure analysing the message, retry",
         )
     }
+
+    fn signing_failed(&self) -> Vec<u8> {
+        error(
+            503,
+            "SigningFailed",
+            "temporary failure signing the message (DKIM): nothing was done, retry",
+        )
+    }
 }
 
 #[cfg(test)]

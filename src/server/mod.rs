@@ -45,7 +45,10 @@ pub fn acceptor(
         &config.limits,
         crate::idempotency::volatile::VolatileHeaders::new(config.volatile_headers.iter().cloned()),
     )
-    .map(|a| a.with_webhooks(webhooks))
+    .map(|a| {
+        a.with_webhooks(webhooks)
+            .with_dkim(crate::dkim::Signers::new(config.dkim.clone()))
+    })
 }
 
 /// The account directory from `[[user]]`, `[[trusted_network]]` and `[auth]`.

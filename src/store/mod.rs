@@ -77,8 +77,10 @@ pub struct NewMessage {
     pub reverse_path: String,
     pub recipients: Vec<String>,
     pub idempotency_key: Option<String>,
-    /// Our `Received:` header, stored apart so the body is never copied to
-    /// prepend it.
+    /// The header lines we prepend: our `Received:`, then the message's
+    /// `DKIM-Signature:`s if it was signed (made once, at acceptance, so
+    /// every relay attempt sends them unchanged). Stored apart so the body
+    /// is never copied to prepend them.
     pub trace: String,
     pub body: Vec<u8>,
     pub created_at: UnixMillis,

@@ -15,6 +15,8 @@ pub struct ClaimedMessage {
     pub reverse_path: String,
     pub recipients: Vec<String>,
     pub idempotency_key: Option<String>,
+    /// Our prepended header lines as stored: `Received:`, then any
+    /// `DKIM-Signature:`s made at acceptance. Relayed as they are.
     pub trace: String,
     pub body: Vec<u8>,
     pub created_at: UnixMillis,

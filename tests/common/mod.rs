@@ -5,6 +5,7 @@
 
 pub mod http;
 pub mod pg;
+pub mod tiny;
 pub mod webhook;
 
 use std::io::{BufRead, BufReader};
