@@ -56,13 +56,7 @@ pub fn rejection(submitter: &Submitter, content: &[u8]) -> Option<(Reply, FromEr
 
 /// Every mailbox of the one `From:` header, checked against the account.
 pub fn check(account: &Account, content: &[u8]) -> Result<(), FromError> {
-    let mut values = from_values(content);
-    let value = match values.len() {
-        0 => return Err(FromError::Missing),
-        1 => values.pop().unwrap_or_default(),
-        n => return Err(FromError::Repeated(n)),
-    };
-    for address in mailboxes(&value)? {
+    for address in mailboxes(&sole_value(content)?)? {
         if !account.may_send_as(&address) {
             return Err(FromError::NotAllowed(address));
         }
@@ -75,13 +69,7 @@ pub fn check(account: &Account, content: &[u8]) -> Result<(), FromError> {
 /// Read with the same strict parser as the check, so a message it would
 /// refuse is never signed for a domain that another reader would not see.
 pub fn first_domain(content: &[u8]) -> Result<String, FromError> {
-    let mut values = from_values(content);
-    let value = match values.len() {
-        0 => return Err(FromError::Missing),
-        1 => values.pop().unwrap_or_default(),
-        n => return Err(FromError::Repeated(n)),
-    };
-    let first = mailboxes(&value)?
+    let first = mailboxes(&sole_value(content)?)?
         .into_iter()
         .next()
         .ok_or(FromError::NoAddress)?;
@@ -90,6 +78,16 @@ pub fn first_domain(content: &[u8]) -> Result<String, FromError> {
         .rsplit_once('@')
         .map(|(_, domain)| domain.to_owned())
         .ok_or(FromError::Malformed("address without @"))
+}
+
+/// The unfolded value of the one `From:` header (none or several: refused).
+fn sole_value(content: &[u8]) -> Result<Vec<u8>, FromError> {
+    let mut values = from_values(content);
+    match values.len() {
+        0 => Err(FromError::Missing),
+        1 => Ok(values.pop().unwrap_or_default()),
+        n => Err(FromError::Repeated(n)),
+    }
 }
 
 /// The unfolded values of every `From:`-like field of the top-level header
