@@ -36,6 +36,14 @@ if ! python3 -c 'import dkim, nacl' >/dev/null 2>&1; then
   pip3 install --quiet dkimpy==1.1.8 pynacl==1.6.2
 fi
 
+if ! command -v openssl >/dev/null 2>&1; then
+  echo "scripts/test.sh: installing openssl" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openssl >/dev/null
+fi
+
 # The PostgreSQL tests (tests/postgres_nodes.rs and the second pass below)
 # need the local server: 127.0.0.1:5432, user postgres, trust auth. Without
 # it the suite fails here rather than skipping them.
