@@ -159,10 +159,18 @@ def main():
         "--hold-after-commit", type=float, default=0, metavar="SECONDS",
         help="after the first COMMIT, wait this long before answering (prints 'committed ID' first)",
     )
+    p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--tls-key", help="and this private key (PEM)")
     ARGS = p.parse_args()
     with closing(db()) as conn:
         conn.executescript(SCHEMA)
     server = ThreadingHTTPServer((ARGS.host, ARGS.port), Receiver)
+    if ARGS.tls_cert:
+        import ssl
+
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(ARGS.tls_cert, ARGS.tls_key)
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     server.opts, server.lock, server.failures_left = ARGS, threading.Lock(), ARGS.fail_first
     host, port = server.server_address[:2]
     log(f"listening on {host}:{port}")

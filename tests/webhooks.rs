@@ -224,6 +224,48 @@ async fn failed_attempts_are_retried_with_the_same_webhook_id() {
     assert_eq!(r.receipts(), 3);
 }
 
+/// HTTPS endpoints: verified against `ca_file` (here the dev certificate,
+/// its own root), or else the system's roots, which do not know it: that
+/// endpoint gets nothing (a TLS error, retried), never an unverified POST.
+#[tokio::test]
+async fn https_endpoints_are_verified_against_their_roots() {
+    let dir = scratch();
+    let cert = common::repo_path("certs/dev-cert.pem");
+    let key = common::repo_path("certs/dev-key.pem");
+    let (cert, key) = (cert.to_string_lossy(), key.to_string_lossy());
+    let r = Receiver::start(
+        &secret(6),
+        &dir.path().join("r.db"),
+        0,
+        &["--tls-cert", &cert, "--tls-key", &key],
+    );
+    let url = r.url().replace("http://", "https://");
+    let hooks = endpoint_toml(
+        "trusted",
+        &url,
+        &secret(6),
+        &format!("ca_file = \"{cert}\"\nevents = [\"message.accepted\"]\n"),
+    ) + &endpoint_toml(
+        "unknown-ca",
+        &url,
+        &secret(6),
+        &format!("{FAST}events = [\"message.accepted\"]\n"),
+    );
+    let d = daemon(&hooks);
+    submit(&d, "wh-tls-1").await;
+    let jobs = wait_jobs(&r, 1, 30).await;
+    assert_eq!(jobs[0].event_type, "message.accepted");
+    wait_for_delivered(&d, "trusted", 1).await;
+    // The unverified endpoint's attempts fail in the handshake.
+    let listed = wait_until("the unknown-CA endpoint's attempts fail", 30, || {
+        let out = webhooks_cli(&d, &["list", "--endpoint", "unknown-ca"]);
+        out.contains("TLS").then_some(out)
+    })
+    .await;
+    assert!(!listed.contains("delivered"), "{listed}");
+    assert_eq!(r.receipts(), 1, "only the verified endpoint's POST arrived");
+}
+
 /// (c) kill -9 of smtp-once after the receiver committed an event but
 /// before smtp-once recorded the answer: after a restart on the same data
 /// directory the event is sent again with the same webhook-id, and the

@@ -5,6 +5,7 @@
 //! to this node's sender without a claim.
 
 pub mod handoff;
+mod http;
 pub mod ops;
 pub mod policy;
 pub mod route;

@@ -15,6 +15,7 @@ use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 
 use super::handoff::{DISABLED, DISABLING, Direct, Inbox, LEASE, Lane, OPEN, WINDOW_FACTOR};
+use super::http::{EndpointClient, Reply};
 use super::policy::{self, Answer};
 use crate::config::WebhookEndpoint;
 use crate::store::outbox::{EventAttempt, EventNext, OutboxEvent, WebhookOutbox};
@@ -37,9 +38,7 @@ pub struct Sender {
 
 struct Endpoint {
     config: WebhookEndpoint,
-    client: reqwest::Client,
-    /// Parsed once: reqwest would parse the string on every POST.
-    url: reqwest::Url,
+    client: EndpointClient,
     /// POSTs at once (`max_in_flight`).
     slots: Arc<Semaphore>,
     /// The window (events claimed or handed over, not yet recorded) and
@@ -80,23 +79,16 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-fn client_for(e: &WebhookEndpoint) -> Result<reqwest::Client, SenderError> {
-    let fail = |message: String| SenderError::Client {
-        name: e.name.clone(),
-        message,
-    };
-    let tls = crate::tls::client_config(e.ca_file.as_deref()).map_err(fail)?;
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        .timeout(e.timeout)
-        .connect_timeout(e.timeout)
-        // A redirect is an answer like any other non-2xx: never followed
-        // with the signed body.
-        .redirect(reqwest::redirect::Policy::none())
-        .pool_max_idle_per_host(e.max_in_flight)
-        .user_agent(concat!("smtp-once/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|err| fail(err.to_string()))
+/// HTTPS endpoints are verified against the system's roots, or `ca_file`.
+/// A redirect is an answer like any other non-2xx: never followed with the
+/// signed body.
+fn client_for(e: &WebhookEndpoint) -> Result<EndpointClient, SenderError> {
+    EndpointClient::new(&e.url, e.ca_file.as_deref(), e.timeout, e.max_in_flight).map_err(
+        |message| SenderError::Client {
+            name: e.name.clone(),
+            message,
+        },
+    )
 }
 
 impl Sender {
@@ -126,10 +118,6 @@ impl Sender {
                 Endpoint {
                     lane,
                     client: client_for(e)?,
-                    url: reqwest::Url::parse(&e.url).map_err(|err| SenderError::Client {
-                        name: e.name.clone(),
-                        message: format!("url {:?}: {err}", e.url),
-                    })?,
                     slots: Arc::new(Semaphore::new(e.max_in_flight)),
                     config: e.clone(),
                 },
@@ -344,29 +332,22 @@ async fn send_one(ctx: &Ctx, mut event: OutboxEvent) {
     let timestamp = now_millis() / 1000;
     let signature =
         super::sign::signature(&e.secrets, &event.webhook_id, timestamp, &event.payload);
+    let headers = [
+        ("content-type", "application/json".to_owned()),
+        ("webhook-id", event.webhook_id.clone()),
+        ("webhook-timestamp", timestamp.to_string()),
+        ("webhook-signature", signature),
+    ];
     let answer = match endpoint
         .client
-        .post(endpoint.url.clone())
-        .header("content-type", "application/json")
-        .header("webhook-id", &event.webhook_id)
-        .header("webhook-timestamp", timestamp.to_string())
-        .header("webhook-signature", signature)
-        .body(std::mem::take(&mut event.payload))
-        .send()
+        .post(&headers, std::mem::take(&mut event.payload))
         .await
     {
-        Ok(response) => {
-            let retry_after = response
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .and_then(policy::parse_retry_after);
-            Answer::Status {
-                code: response.status().as_u16(),
-                retry_after,
-            }
-        }
-        Err(err) => Answer::NoAnswer(describe(&err)),
+        Reply::Status { code, retry_after } => Answer::Status {
+            code,
+            retry_after: retry_after.as_deref().and_then(policy::parse_retry_after),
+        },
+        Reply::NoAnswer(why) => Answer::NoAnswer(why),
     };
     let now = now_millis();
     let (next, disable) = policy::judge(
@@ -446,26 +427,6 @@ fn log_attempt(event: &OutboxEvent, next: &EventNext, status: Option<u16>, error
             "webhook failed for good (schedule exhausted); `smtp-once webhooks redeliver` sends it again"
         ),
     }
-}
-
-/// The cause of a failed request, in one line (reqwest's own message names
-/// only the outer layer).
-fn describe(err: &reqwest::Error) -> String {
-    let kind = if err.is_timeout() {
-        "timed out"
-    } else if err.is_connect() {
-        "cannot connect"
-    } else {
-        "request failed"
-    };
-    let mut text = kind.to_owned();
-    let mut source = std::error::Error::source(err);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// Writes the attempt, retrying until it lands or a shutdown is near: an
