@@ -5,13 +5,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v swaks >/dev/null 2>&1; then
-  echo "scripts/test.sh: installing swaks" >&2
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq swaks >/dev/null
-fi
+# Installs the Debian package $1 unless its command $2 is there.
+apt_need() {
+  command -v "$2" >/dev/null 2>&1 && return 0
+  echo "scripts/test.sh: installing $1" >&2
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$1" >/dev/null
+}
+
+apt_need swaks swaks
 
 # tests/http_schemathesis.rs fails (does not skip) without it.
 if ! schemathesis --version >/dev/null 2>&1; then
@@ -36,13 +40,7 @@ if ! python3 -c 'import dkim, nacl' >/dev/null 2>&1; then
   pip3 install --quiet dkimpy==1.1.8 pynacl==1.6.2
 fi
 
-if ! command -v openssl >/dev/null 2>&1; then
-  echo "scripts/test.sh: installing openssl" >&2
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openssl >/dev/null
-fi
+apt_need openssl openssl
 
 # The PostgreSQL tests (tests/postgres_nodes.rs and the second pass below)
 # need the local server: 127.0.0.1:5432, user postgres, trust auth. Without
