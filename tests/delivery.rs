@@ -510,13 +510,7 @@ async fn killed_after_the_next_hop_accepted_then_retried_leaves_one_copy() {
     assert!(status(&a, &unkeyed).contains("state:        delivering"));
 
     a.kill9();
-    let config = std::fs::read_to_string(&a.config_path).expect("config");
-    std::fs::write(
-        &a.config_path,
-        config.replace("delivery_test_pause_after_send = \"60s\"\n", ""),
-    )
-    .expect("config");
-    a.spawn();
+    a.respawn_without_test_pause();
     for id in [&keyed, &unkeyed] {
         assert_eq!(wait_state(&a, id, "delivered").await, 1);
         let out = status(&a, id);

@@ -522,17 +522,7 @@ fn check_config_names_a_bad_key_file_and_unsignable_headers() {
             dir.path(),
         );
         std::fs::write(&path, text).expect("config");
-        let out = Command::new(BIN)
-            .args(["check-config", "--config"])
-            .arg(&path)
-            .output()
-            .expect("check-config");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.success(), text)
+        common::check_config(&path)
     };
     let entry = |file: &Path, extra: &str| {
         format!(
@@ -614,13 +604,7 @@ async fn a_retry_after_kill_9_is_deduplicated_by_the_next_smtp_once() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
 
     a.kill9();
-    let config = std::fs::read_to_string(&a.config_path).expect("config");
-    std::fs::write(
-        &a.config_path,
-        config.replace("delivery_test_pause_after_send = \"60s\"\n", ""),
-    )
-    .expect("config");
-    a.spawn();
+    a.respawn_without_test_pause();
     for id in [&keyed, &unkeyed] {
         wait_until(&format!("{id} delivered"), 20, || {
             (state(&a, id) == "delivered").then_some(())

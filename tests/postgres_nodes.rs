@@ -760,30 +760,12 @@ async fn store_url_is_checked_and_a_newer_schema_is_refused() {
     let good = common::config_text(&options, dir.path());
     let path = dir.path().join("good.toml");
     std::fs::write(&path, &good).expect("config");
-    let out = Command::new(BIN)
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .output()
-        .expect("check-config");
-    assert!(
-        out.status.success(),
-        "a PostgreSQL config passes: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (passed, text) = common::check_config(&path);
+    assert!(passed, "a PostgreSQL config passes: {text}");
     let path = dir.path().join("bad.toml");
     std::fs::write(&path, good.replace(&db.url, "not a url")).expect("config");
-    let out = Command::new(BIN)
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .output()
-        .expect("check-config");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!out.status.success(), "a malformed URL fails: {text}");
+    let (passed, text) = common::check_config(&path);
+    assert!(!passed, "a malformed URL fails: {text}");
     assert!(
         text.contains("store.url"),
         "the problem named by key: {text}"

@@ -257,6 +257,19 @@ impl Daemon {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
+    /// After `kill9`: starts again on the same data directory with
+    /// `relay.delivery_test_pause_after_send = "60s"` taken out of its
+    /// config, so the repeated attempt runs to its record.
+    pub fn respawn_without_test_pause(&mut self) {
+        let config = std::fs::read_to_string(&self.config_path).expect("config");
+        std::fs::write(
+            &self.config_path,
+            config.replace("delivery_test_pause_after_send = \"60s\"\n", ""),
+        )
+        .expect("config");
+        self.spawn();
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill(); // SIGKILL
@@ -470,6 +483,22 @@ purge_interval = "{purge}"
         auth_extra = o.auth_extra,
         idempotency_extra = o.idempotency_extra,
     )
+}
+
+/// Runs `smtp-once check-config --config PATH`: whether it passed, and
+/// its stdout and stderr together.
+pub fn check_config(path: &Path) -> (bool, String) {
+    let out = Command::new(BIN)
+        .args(["check-config", "--config"])
+        .arg(path)
+        .output()
+        .expect("run check-config");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
 }
 
 /// Runs one of the tests' own servers on `bind`, on a thread with its own
