@@ -247,6 +247,21 @@ async fn relayed_file(d: &Daemon, id: &str) -> Vec<u8> {
     wait_until(&format!("{id}.eml"), 20, || std::fs::read(&path).ok()).await
 }
 
+/// Submits a keyless message as `user` (MAIL FROM `from`, `From: header`)
+/// and returns it as the file relay wrote it.
+async fn submitted_and_relayed(d: &Daemon, user: &str, from: &str, header: &str) -> Vec<u8> {
+    let id = submit(d, user, from, &mail(header, None, from)).await;
+    relayed_file(d, &id).await
+}
+
+fn assert_unsigned(message: &[u8]) {
+    assert!(
+        signatures(message).is_empty(),
+        "{}",
+        String::from_utf8_lossy(message)
+    );
+}
+
 fn state(d: &Daemon, id: &str) -> String {
     d.db()
         .query_row("SELECT state FROM queue WHERE id = ?1", [id], |r| r.get(0))
@@ -429,29 +444,11 @@ async fn the_from_domain_and_the_workspace_choose_the_key() {
     });
 
     // No key for the domain: relayed unsigned.
-    let id = submit(
-        &d,
-        "bob",
-        "bob@nokey.test",
-        &mail("bob@nokey.test", None, "plain"),
-    )
-    .await;
-    let out = relayed_file(&d, &id).await;
-    assert!(
-        signatures(&out).is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out)
-    );
+    assert_unsigned(&submitted_and_relayed(&d, "bob", "bob@nokey.test", "bob@nokey.test").await);
 
     // A subdomain is signed by its parent's key.
-    let id = submit(
-        &d,
-        "bob",
-        "x@mail.example.test",
-        &mail("X <x@Mail.Example.test>", None, "sub"),
-    )
-    .await;
-    let out = relayed_file(&d, &id).await;
+    let out =
+        submitted_and_relayed(&d, "bob", "x@mail.example.test", "X <x@Mail.Example.test>").await;
     assert_eq!(
         verified(&out, &[parent.printed.as_path()]).await,
         ["example.test/ed"]
@@ -459,30 +456,13 @@ async fn the_from_domain_and_the_workspace_choose_the_key() {
 
     // bob is in workspace acme, carol in globex: the filtered key signs
     // acme's mail only.
-    let id = submit(
-        &d,
-        "bob",
-        "bob@other.test",
-        &mail("bob@other.test", None, "acme"),
-    )
-    .await;
-    let out = relayed_file(&d, &id).await;
+    let out = submitted_and_relayed(&d, "bob", "bob@other.test", "bob@other.test").await;
     assert_eq!(
         verified(&out, &[acme_only.printed.as_path()]).await,
         ["other.test/acme"]
     );
-    let id = submit(
-        &d,
-        "carol",
-        "carol@other.test",
-        &mail("carol@other.test", None, "globex"),
-    )
-    .await;
-    let out = relayed_file(&d, &id).await;
-    assert!(
-        signatures(&out).is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out)
+    assert_unsigned(
+        &submitted_and_relayed(&d, "carol", "carol@other.test", "carol@other.test").await,
     );
     assert!(d.log().contains("dkim=-"), "{}", d.log());
 }
