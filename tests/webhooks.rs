@@ -139,6 +139,33 @@ fn hung_endpoint() -> (SocketAddr, Arc<AtomicUsize>) {
     (addr, accepted)
 }
 
+/// A TCP endpoint that answers every request `200` and then streams an
+/// endless chunked body as fast as it can. Returns its address and the
+/// number of its connections whose stream the client cut off.
+fn flooding_endpoint() -> (SocketAddr, Arc<AtomicUsize>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let cut_off = Arc::new(AtomicUsize::new(0));
+    let count = cut_off.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().map_while(Result::ok) {
+            let count = count.clone();
+            std::thread::spawn(move || {
+                let mut request = [0u8; 8192];
+                let _ = stream.read(&mut request);
+                let chunk = format!("10000\r\n{}\r\n", "x".repeat(0x10000));
+                let mut out = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+                while stream.write_all(&out).is_ok() {
+                    out = chunk.clone().into_bytes();
+                }
+                count.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (addr, cut_off)
+}
+
 // ---------------------------------------------------------------- tests
 
 /// (a) Signatures verify with the reference implementation, and the
@@ -518,4 +545,29 @@ async fn a_hung_endpoint_slows_nothing_else() {
         d.count("SELECT COUNT(*) FROM webhook_outbox WHERE state = 'delivered'"),
         0
     );
+}
+
+/// An endpoint that answers 200 and then sends an endless body: the
+/// sender reads at most 64 KiB of it, counts the 200, and drops the
+/// connection (never buffering what is left); acceptance and delivery go on.
+#[tokio::test]
+async fn an_endless_response_body_is_cut_off() {
+    let (addr, cut_off) = flooding_endpoint();
+    let d = daemon(&endpoint_toml(
+        "flood",
+        &format!("http://{addr}/hooks"),
+        &secret(10),
+        "events = [\"message.accepted\"]\ntimeout = \"10s\"\n",
+    ));
+    submit(&d, "wh-flood-1").await;
+    submit(&d, "wh-flood-2").await;
+    wait_for_delivered(&d, "flood", 2).await;
+    wait_until("the endpoint's streams cut off", 20, || {
+        (cut_off.load(Ordering::SeqCst) >= 2).then_some(())
+    })
+    .await;
+    wait_until("both messages relayed", 20, || {
+        (relayed(&d) == 2).then_some(())
+    })
+    .await;
 }
