@@ -87,10 +87,17 @@ async fn wait_until_daemon_read_everything(port: u16) {
                     .next()
                     .and_then(|p| u16::from_str_radix(p, 16).ok())
             };
-            let ours = cols.get(1).and_then(|a| port_of(a)) == Some(port)
-                || cols.get(2).and_then(|a| port_of(a)) == Some(port);
-            let queued = cols.get(4).is_some_and(|q| q != &"00000000:00000000");
-            ours && queued
+            // Bytes still on their way to the daemon: unsent on the
+            // client's side, or unread on the daemon's. Bytes waiting for
+            // the client (the daemon's reply) mean it has read everything.
+            let (tx, rx) = cols
+                .get(4)
+                .and_then(|q| q.split_once(':'))
+                .unwrap_or(("0", "0"));
+            let pending = |q: &str| u64::from_str_radix(q, 16).unwrap_or(0) > 0;
+            let daemon_side = cols.get(1).and_then(|a| port_of(a)) == Some(port);
+            let client_side = cols.get(2).and_then(|a| port_of(a)) == Some(port);
+            (daemon_side && pending(rx)) || (client_side && pending(tx))
         });
         if !busy {
             return;
