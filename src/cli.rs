@@ -281,22 +281,47 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
     )
     .await
     .map_err(|e| e.to_string())?;
-    let metrics = match config.metrics {
-        Some(addr) => Some(
-            MetricsServer::start(addr, store.clone())
-                .await
-                .map_err(|e| e.to_string())?,
+    // One front door for every listener: failed logins and wrong API keys
+    // feed the same bans, and every message body counts against one budget.
+    let auth = Arc::new(crate::server::authenticator(config).map_err(|e| e.to_string())?);
+    let door = crate::front_door::Door::new(
+        auth.clone(),
+        config.limits.max_connections_per_ip,
+        config.limits.tls_handshake_timeout,
+        config.limits.write_timeout,
+    );
+    let budget = crate::budget::InFlightBudget::new(
+        config.limits.max_bytes_in_flight,
+        config.limits.max_bytes_in_flight_per_account,
+    );
+    let metrics = match &config.metrics {
+        Some(settings) => Some(
+            MetricsServer::start(
+                crate::metrics_http::MetricsOptions {
+                    addr: settings.addr,
+                    token: settings.token.clone(),
+                },
+                store.clone(),
+                door.clone(),
+            )
+            .await
+            .map_err(|e| e.to_string())?,
         ),
         None => None,
     };
     let acceptor = Arc::new(crate::server::acceptor(config, store.clone(), router)?);
     let http = match &config.http {
         Some(settings) => {
-            Some(crate::http::start(config, settings, acceptor.clone(), store.clone()).await?)
+            let front = crate::http::Front {
+                door: door.clone(),
+                auth: auth.clone(),
+                budget: budget.clone(),
+            };
+            Some(crate::http::start(config, settings, acceptor.clone(), store.clone(), front).await?)
         }
         None => None,
     };
-    let server = Server::start(config, store, acceptor).await?;
+    let server = Server::start(config, store, acceptor, auth, door, budget).await?;
     if let Some(metrics) = &metrics {
         // Before the listening lines, which tests and scripts wait for.
         println!("smtp-once metrics on {}", metrics.addr);

@@ -74,6 +74,17 @@ pub struct RawConfig {
 #[serde(deny_unknown_fields)]
 pub struct RawMetrics {
     pub addr: String,
+    /// When set, `/metrics` wants `Authorization: Bearer <token>`
+    /// (`/healthz` and `/readyz` stay open for probes).
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+/// `[metrics]`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsSettings {
+    pub addr: SocketAddr,
+    pub token: Option<String>,
 }
 
 /// Defences against hostile clients (docs/configuration.md). Each default is
@@ -514,7 +525,7 @@ pub struct Config {
     pub delivery: Delivery,
     pub limits: Limits,
     /// `[metrics] addr`; `None` without the section.
-    pub metrics: Option<SocketAddr>,
+    pub metrics: Option<MetricsSettings>,
     /// `[[webhook]]` endpoints for delivery-status events.
     pub webhooks: Vec<WebhookEndpoint>,
     /// `[[dkim]]` keys, loaded, in the file's order.
@@ -909,7 +920,18 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
                 format!("{:?} is not an address like 127.0.0.1:9187", m.addr),
             );
         }
-        addr.ok()
+        if let Some(token) = &m.token
+            && (token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            p.add(
+                "metrics.token",
+                "must be at least 16 visible ASCII characters (no spaces)",
+            );
+        }
+        addr.ok().map(|addr| MetricsSettings {
+            addr,
+            token: m.token.clone(),
+        })
     });
 
     Config {

@@ -95,6 +95,12 @@ pub enum AuthFailure {
 }
 
 impl AuthFailure {
+    pub const ALL: [AuthFailure; 3] = [
+        AuthFailure::Invalid,
+        AuthFailure::IpBanned,
+        AuthFailure::AccountLocked,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             AuthFailure::Invalid => "invalid",
@@ -130,7 +136,8 @@ struct OutcomeLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabel {
+struct AuthFailureLabels {
+    channel: &'static str,
     reason: &'static str,
 }
 
@@ -151,7 +158,7 @@ pub struct Metrics {
     webhook_attempts: Family<OutcomeLabel, Counter>,
     connections_active: Gauge,
     connections: Counter,
-    auth_failures: Family<ReasonLabel, Counter>,
+    auth_failures: Family<AuthFailureLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -223,10 +230,10 @@ impl Metrics {
             "SMTP connections admitted since start",
             connections.clone(),
         );
-        let auth_failures = Family::<ReasonLabel, Counter>::default();
+        let auth_failures = Family::<AuthFailureLabels, Counter>::default();
         registry.register(
             "auth_failures",
-            "Failed AUTH attempts by reason (invalid, ip_banned, account_locked)",
+            "Failed authentications by channel (smtp: AUTH, http: API key) and reason (invalid, ip_banned, account_locked)",
             auth_failures.clone(),
         );
         let metrics = Metrics {
@@ -245,6 +252,12 @@ impl Metrics {
         // Every series that is known in advance shows from the first
         // scrape, at zero, so that rate() and alerts see a start.
         for channel in [Channel::Smtp, Channel::Http] {
+            for reason in AuthFailure::ALL {
+                let _ = metrics.auth_failures.get_or_create(&AuthFailureLabels {
+                    channel: channel.as_str(),
+                    reason: reason.as_str(),
+                });
+            }
             for outcome in Outcome::ALL {
                 let _ = metrics.submissions.get_or_create(&SubmissionLabels {
                     channel: channel.as_str(),
@@ -353,9 +366,10 @@ impl Metrics {
         ConnectionGuard { metrics: self }
     }
 
-    pub fn auth_failure(&self, reason: AuthFailure) {
+    pub fn auth_failure(&self, channel: Channel, reason: AuthFailure) {
         self.auth_failures
-            .get_or_create(&ReasonLabel {
+            .get_or_create(&AuthFailureLabels {
+                channel: channel.as_str(),
                 reason: reason.as_str(),
             })
             .inc();
@@ -431,7 +445,7 @@ mod tests {
         m.connection_opened();
         m.connection_opened();
         m.connection_closed();
-        m.auth_failure(AuthFailure::Invalid);
+        m.auth_failure(Channel::Smtp, AuthFailure::Invalid);
         let text = m.render().expect("render");
         let v = |s: &str| value(&text, s);
         assert_eq!(
@@ -462,13 +476,13 @@ mod tests {
         );
         assert_eq!(v("smtp_once_smtp_connections_active"), 1.0);
         assert_eq!(v("smtp_once_smtp_connections_total"), 2.0);
-        assert_eq!(v(r#"smtp_once_auth_failures_total{reason="invalid"}"#), 1.0);
+        assert_eq!(v(r#"smtp_once_auth_failures_total{channel="smtp",reason="invalid"}"#), 1.0);
     }
 
     #[test]
     fn no_label_carries_anything_but_fixed_words() {
         let m = Metrics::new();
-        m.auth_failure(AuthFailure::IpBanned);
+        m.auth_failure(Channel::Smtp, AuthFailure::IpBanned);
         m.delivery_attempt("deferred");
         let text = m.render().expect("render");
         for l in text.lines().filter(|l| !l.starts_with('#')) {

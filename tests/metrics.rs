@@ -136,7 +136,7 @@ async fn values_move_with_connections_commits_queue_and_auth_failures() {
     assert_eq!(v(r#"smtp_once_queue_messages{state="delivering"}"#), 0.0);
     let age = v("smtp_once_queue_oldest_age_seconds");
     assert!((0.0..60.0).contains(&age), "{age}");
-    assert_eq!(v(r#"smtp_once_auth_failures_total{reason="invalid"}"#), 1.0);
+    assert_eq!(v(r#"smtp_once_auth_failures_total{channel="smtp",reason="invalid"}"#), 1.0);
     assert_eq!(d.queue_count(), 2);
 }
 
@@ -191,9 +191,11 @@ async fn healthz_and_readyz_follow_the_store() {
     assert_eq!(get(addr, "/readyz").await, (200, "ready\n".into()));
     assert_eq!(get(addr, "/nothing").await.0, 404);
 
-    // The data directory moved away: the writer refuses, and so does /readyz.
+    // The data directory moved away: the writer refuses, and so does
+    // /readyz once its cached answer (one second) is older.
     let moved = d.dir.path().join("data.moved");
     std::fs::rename(d.data_dir(), &moved).expect("mv data dir");
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
     let (code, body) = get(addr, "/readyz").await;
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("data directory gone"), "{body}");
@@ -203,6 +205,7 @@ async fn healthz_and_readyz_follow_the_store() {
         "the process is still up"
     );
     std::fs::rename(&moved, d.data_dir()).expect("mv back");
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
     assert_eq!(get(addr, "/readyz").await.0, 200);
 }
 

@@ -22,7 +22,7 @@ pub use senders::SenderPattern;
 pub use throttle::ThrottleSettings;
 pub use verifier::HashError;
 
-use crate::metrics::AuthFailure;
+use crate::metrics::{AuthFailure, Channel};
 use cache::SuccessCache;
 use throttle::{Admission, InFlight, Throttle};
 use verifier::{HashPool, StoredHash};
@@ -31,15 +31,18 @@ use verifier::{HashPool, StoredHash};
 /// flight to finish before it gets a 454, and how often it looks.
 const ADMISSION_WAIT: Duration = Duration::from_secs(30);
 const ADMISSION_POLL: Duration = Duration::from_millis(50);
+/// The name API-key failures are counted under in the throttle (no
+/// account name contains parentheses or spaces, so none is locked by it).
+const API_KEY_ACCOUNT: &str = "(api key)";
 
 fn refused(refusal: Admission, peer: IpAddr, username: &str) -> Verdict {
     let metrics = crate::metrics::global();
     if refusal == Admission::IpBanned {
-        metrics.auth_failure(AuthFailure::IpBanned);
+        metrics.auth_failure(Channel::Smtp, AuthFailure::IpBanned);
         tracing::warn!(%peer, user = ?username, "authentication refused: address banned after too many failures");
         Verdict::now(AuthOutcome::IpBanned)
     } else {
-        metrics.auth_failure(AuthFailure::AccountLocked);
+        metrics.auth_failure(Channel::Smtp, AuthFailure::AccountLocked);
         tracing::warn!(%peer, user = ?username, "authentication refused: account locked after too many failures");
         Verdict::now(AuthOutcome::AccountLocked)
     }
@@ -196,6 +199,27 @@ impl Authenticator {
         !self.is_trusted(ip) && self.throttle.is_banned(ip, Instant::now())
     }
 
+    /// A wrong or missing API key from `peer` (HTTP): counted in the same
+    /// per-address throttle as AUTH failures, so guesses slow down and
+    /// end in the same ban on every channel. Returns how long to wait
+    /// before answering.
+    pub fn api_key_failed(&self, peer: IpAddr) -> Duration {
+        crate::metrics::global().auth_failure(Channel::Http, AuthFailure::Invalid);
+        if self.is_trusted(peer) {
+            return Duration::ZERO;
+        }
+        self.throttle.failed(peer, API_KEY_ACCOUNT, Instant::now())
+    }
+
+    /// A banned address's request on a connection opened before the ban.
+    pub fn api_key_refused_banned(&self, peer: IpAddr) -> bool {
+        let banned = self.is_banned(peer);
+        if banned {
+            crate::metrics::global().auth_failure(Channel::Http, AuthFailure::IpBanned);
+        }
+        banned
+    }
+
     /// Checks a login from `peer`: bans, then the cache of recent
     /// successes, then an argon2 check on a hashing thread. Logs every
     /// refusal with the peer address (client strings escaped).
@@ -241,7 +265,7 @@ impl Authenticator {
             None => {
                 let reply_delay =
                     ticket.map_or(Duration::ZERO, |ticket| ticket.failed(Instant::now()));
-                crate::metrics::global().auth_failure(AuthFailure::Invalid);
+                crate::metrics::global().auth_failure(Channel::Smtp, AuthFailure::Invalid);
                 tracing::info!(%peer, user = ?username, "authentication failed");
                 Verdict {
                     outcome: AuthOutcome::Invalid,
@@ -289,6 +313,18 @@ impl Authenticator {
             }
             _ => Ok(None),
         }
+    }
+}
+
+/// The front door turns banned addresses away on every listener, and lets
+/// trusted networks past the per-address cap.
+impl crate::front_door::ClientPolicy for Authenticator {
+    fn is_banned(&self, ip: IpAddr) -> bool {
+        Authenticator::is_banned(self, ip)
+    }
+
+    fn is_exempt(&self, ip: IpAddr) -> bool {
+        self.is_trusted(ip)
     }
 }
 

@@ -2,6 +2,7 @@
 //! api_key_hash`.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -14,12 +15,31 @@ pub struct RawHttp {
     /// Serve HTTPS with the `[tls]` certificate.
     #[serde(default)]
     pub tls: bool,
+    /// A request body must start arriving within this, ...
+    #[serde(default = "default_body_timeout")]
+    pub body_timeout: String,
+    /// ... and each further `min_body_rate` bytes buy one more second
+    /// (Apache's `RequestReadTimeout body=20,MinRate=500` shape).
+    #[serde(default = "default_min_body_rate")]
+    pub min_body_rate: u64,
+}
+
+fn default_body_timeout() -> String {
+    "20s".into()
+}
+
+fn default_min_body_rate() -> u64 {
+    // 8 KiB/s: a 25 MiB message over a link of ~64 kbit/s still goes
+    // through; a trickle of bytes does not hold a connection.
+    8 * 1024
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpSettings {
     pub addr: SocketAddr,
     pub tls: bool,
+    pub body_timeout: Duration,
+    pub min_body_rate: u64,
 }
 
 pub(super) fn validate_http(
@@ -41,7 +61,19 @@ pub(super) fn validate_http(
     if raw.tls && !has_tls {
         p.add("http.tls", "needs a [tls] section with cert and key");
     }
-    Some(HttpSettings { addr, tls: raw.tls })
+    let body_timeout = p.duration("http.body_timeout", &raw.body_timeout);
+    if body_timeout.is_zero() {
+        p.add("http.body_timeout", "must be greater than 0");
+    }
+    if raw.min_body_rate == 0 {
+        p.add("http.min_body_rate", "must be greater than 0 (bytes per second)");
+    }
+    Some(HttpSettings {
+        addr,
+        tls: raw.tls,
+        body_timeout,
+        min_body_rate: raw.min_body_rate,
+    })
 }
 
 /// `api_key_hash`: the SHA-256 of the token, 64 hex digits, as

@@ -4,6 +4,7 @@
 //! Authentication by API key; the account's workspace and
 //! `allowed_senders` apply as on SMTP.
 
+mod body;
 pub mod channel;
 pub mod compose;
 pub mod keys;
@@ -23,8 +24,11 @@ use axum::routing::{get, post};
 use tokio::sync::watch;
 
 use crate::accept::Acceptor;
-use crate::auth::Submitter;
+use crate::auth::{Authenticator, Submitter};
+use crate::budget::InFlightBudget;
+use crate::front_door::Door;
 use crate::store::StatusReader;
+use body::BodyLimits;
 use keys::ApiKeys;
 
 /// What every request handler shares.
@@ -35,14 +39,40 @@ pub struct Api {
     pub max_message_size: usize,
     pub max_recipients: usize,
     pub tls: bool,
+    /// The node's throttle and bans: wrong API keys count with failed
+    /// SMTP logins.
+    pub auth: Arc<Authenticator>,
+    /// The node's in-flight budget, shared with SMTP message buffers.
+    pub budget: Arc<InFlightBudget>,
+    pub body: BodyLimits,
 }
 
 /// The OpenAPI document, checked in beside the code that serves it.
 pub const OPENAPI: &str = include_str!("openapi.json");
 
 impl Api {
-    /// The account of `Authorization: Bearer <token>`, or the `401`.
-    fn authenticate(&self, headers: &HeaderMap) -> Result<Submitter, Box<Response>> {
+    /// The account of `Authorization: Bearer <token>`, or the refusal,
+    /// from the headers alone: no body byte is read (nor `100 Continue`
+    /// sent) before this passes. A wrong key is a failure in the same
+    /// throttle as SMTP AUTH: the answer waits its delay, and enough of
+    /// them ban the address on every listener.
+    async fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        peer: SocketAddr,
+    ) -> Result<Submitter, Box<Response>> {
+        if self.auth.api_key_refused_banned(peer.ip()) {
+            tracing::info!(%peer, "HTTP request refused: address banned after authentication failures");
+            let mut response = respond(channel::error(
+                429,
+                "Banned",
+                "too many authentication failures from your address, try again later",
+            ));
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+            return Err(Box::new(response));
+        }
         let token = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -52,9 +82,15 @@ impl Api {
             Some(s) => Ok(s),
             None => {
                 tracing::info!(
+                    %peer,
                     given = token.is_some(),
                     "HTTP request refused: bad or missing API key"
                 );
+                // A missing key is a client's mistake, a wrong one a guess.
+                if token.is_some() {
+                    let delay = self.auth.api_key_failed(peer.ip());
+                    tokio::time::sleep(delay).await;
+                }
                 let mut response = respond(channel::error(
                     401,
                     "Unauthorized",
@@ -87,8 +123,6 @@ pub fn respond(encoded: Vec<u8>) -> Response {
 }
 
 pub fn router(api: Arc<Api>) -> Router {
-    // Room for the JSON or MIME framing around the largest message.
-    let body_limit = api.max_message_size.saturating_add(64 * 1024);
     Router::new()
         .route("/v1/messages", post(submit::submit).get(status::list))
         .route("/v1/messages/{id}", get(status::one))
@@ -106,7 +140,9 @@ pub fn router(api: Arc<Api>) -> Router {
             ))
         })
         .fallback(|| async { respond(channel::error(404, "NotFound", "no such path")) })
-        .layer(DefaultBodyLimit::max(body_limit))
+        // Bodies are read by the handlers themselves, after authentication
+        // (`body.rs`); a body no route reads is never read.
+        .layer(DefaultBodyLimit::disable())
         .with_state(api)
 }
 
@@ -117,6 +153,7 @@ pub async fn start(
     settings: &crate::config::HttpSettings,
     acceptor: Arc<Acceptor>,
     status: Arc<dyn StatusReader>,
+    front: Front,
 ) -> Result<HttpServer, String> {
     let accounts = config
         .users
@@ -143,21 +180,37 @@ pub async fn start(
         max_message_size: config.max_message_size,
         max_recipients: config.max_recipients,
         tls: settings.tls,
+        auth: front.auth,
+        budget: front.budget,
+        body: BodyLimits {
+            // Room for the JSON or MIME framing around the largest message.
+            max_bytes: config.max_message_size.saturating_add(64 * 1024),
+            grace: settings.body_timeout,
+            min_rate: settings.min_body_rate,
+        },
     });
     let limits = serve::Limits {
         max_connections: config.max_connections,
-        tls_handshake_timeout: config.limits.tls_handshake_timeout,
         // The same bound as an SMTP command line, at most 30 s.
         header_read_timeout: config.limits.command_time_limit.min(HEADER_READ_TIMEOUT),
+        shutdown_grace: config.shutdown_grace,
     };
     HttpServer::start(
         settings.addr,
         api,
         tls,
+        front.door,
         limits,
         config.limits.message_time_limit,
     )
     .await
+}
+
+/// What the API shares with the node's other listeners.
+pub struct Front {
+    pub door: Arc<Door>,
+    pub auth: Arc<Authenticator>,
+    pub budget: Arc<InFlightBudget>,
 }
 
 /// A request's headers must arrive within this, however they trickle
@@ -176,6 +229,7 @@ impl HttpServer {
         addr: SocketAddr,
         api: Arc<Api>,
         tls: Option<Arc<rustls::ServerConfig>>,
+        door: Arc<Door>,
         limits: serve::Limits,
         request_time_limit: Duration,
     ) -> Result<HttpServer, String> {
@@ -199,7 +253,7 @@ impl HttpServer {
             },
         ));
         let secure = tls.is_some();
-        let task = tokio::spawn(serve::run(listener, app, tls, limits, stopped));
+        let task = tokio::spawn(serve::run(listener, app, tls, door, limits, stopped));
         tracing::info!(%addr, tls = secure, "HTTP API listening");
         Ok(HttpServer { addr, stop, task })
     }

@@ -2,10 +2,11 @@
 //! what `smtp-once status` shows, only within the caller's workspace
 //! (another workspace's id is a 404, as if it did not exist).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{ConnectInfo, Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::{Value, json};
@@ -19,10 +20,11 @@ const MAX_PAGE: usize = 500;
 
 pub async fn one(
     State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     id: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> Response {
-    let submitter = match api.authenticate(&headers) {
+    let submitter = match api.authenticate(&headers, peer).await {
         Ok(s) => s,
         Err(response) => return *response,
     };
@@ -47,10 +49,11 @@ pub async fn one(
 
 pub async fn list(
     State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Response {
-    let submitter = match api.authenticate(&headers) {
+    let submitter = match api.authenticate(&headers, peer).await {
         Ok(s) => s,
         Err(response) => return *response,
     };

@@ -5,13 +5,12 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{ConnectInfo, State};
-use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::Response;
 use sha2::{Digest, Sha256};
 
+use super::body::{self, BodyError};
 use super::channel::{self, Http};
 use super::compose::{self, Composed};
 use super::{Api, respond};
@@ -23,14 +22,10 @@ use crate::smtp::session::Submission;
 pub async fn submit(
     State(api): State<Arc<Api>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> Response {
-    // From the whole body received to the response ready.
     let started = std::time::Instant::now();
-    let response = handle(api, peer, method, uri, headers, body).await;
+    let response = handle(api, peer, request).await;
     metrics::global().request_seconds(started.elapsed().as_secs_f64());
     response
 }
@@ -50,27 +45,61 @@ fn too_large(max: usize) -> Response {
     invalid(413, "TooLarge", &format!("the body is over {max} bytes"))
 }
 
-async fn handle(
-    api: Arc<Api>,
-    peer: SocketAddr,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let submitter = match api.authenticate(&headers) {
+/// Over the in-flight budget: nothing was kept, try again shortly.
+fn over_budget(e: &BodyError) -> Response {
+    tracing::warn!(error = %e, "HTTP submission refused: in-flight budget used up");
+    let mut response = refused(
+        Outcome::Unavailable,
+        503,
+        "ServerBusy",
+        "too many messages are being received right now, retry shortly",
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+    response
+}
+
+/// `Content-Length`, when given and numeric.
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+async fn handle(api: Arc<Api>, peer: SocketAddr, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let (method, uri, headers) = (parts.method, parts.uri, parts.headers);
+    // From the headers alone: an unauthenticated client gets its 401
+    // before a byte of its body is read (or `100 Continue` sent).
+    let submitter = match api.authenticate(&headers, peer).await {
         Ok(s) => s,
         Err(response) => return *response,
     };
-    // A body over the router's limit (the message size plus framing) is
-    // refused while it is read: answered here, in JSON, not by axum.
-    let body = match body {
+    // An announced size over the limit is refused without reading.
+    if content_length(&headers).is_some_and(|n| n > api.body.max_bytes as u64) {
+        return too_large(api.max_message_size);
+    }
+    // Held until the answer: the body counts against the budget while
+    // the pipeline looks at it.
+    let mut reservation = api
+        .budget
+        .reservation(Some(Arc::from(submitter.name())));
+    let body = match body::read(body, api.body, &mut reservation).await {
         Ok(body) => body,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return too_large(api.max_message_size);
+        Err(BodyError::TooLarge(_)) => return too_large(api.max_message_size),
+        Err(e @ BodyError::OverBudget(_)) => return over_budget(&e),
+        Err(e @ BodyError::TooSlow { .. }) => {
+            tracing::info!(%peer, error = %e, "HTTP request body too slow; refused");
+            return invalid(408, "RequestTimeout", &e.to_string());
         }
-        Err(rejection) => {
-            return invalid(400, "BadRequest", &rejection.body_text());
+        Err(e @ BodyError::Read(_)) => {
+            tracing::info!(%peer, error = %e, "HTTP request body could not be read");
+            return invalid(400, "BadRequest", &e.to_string());
         }
     };
     if body.len() > api.max_message_size {
@@ -105,7 +134,7 @@ async fn handle(
                 .filter(|(k, _)| k == "to")
                 .map(|(_, v)| v.clone())
                 .collect();
-            (compose::from_raw(body.to_vec(), from, &to), None)
+            (compose::from_raw(body, from, &to), None)
         }
         "application/json" => {
             let hash: [u8; 32] = Sha256::digest(&body).into();
@@ -162,7 +191,9 @@ async fn handle(
         recipients,
         content,
     };
-    respond(api.acceptor.accept_via(submission, &Http, source).await)
+    let answer = api.acceptor.accept_via(submission, &Http, source).await;
+    drop(reservation);
+    respond(answer)
 }
 
 /// `a=1&to=x%40y&to=z` into pairs, percent- and `+`-decoded.

@@ -17,8 +17,8 @@ use crate::smtp::session::{Action, Session};
 
 use super::Shared;
 use super::deadline::{Budget, Expiry, Progress};
-use super::load::IDLE_TIMEOUT_AT_CAP;
-use super::timed::{self, ConnectionError};
+use crate::front_door::load::IDLE_TIMEOUT_AT_CAP;
+use crate::front_door::timed::{self, ConnectionError};
 
 /// Bytes requested from the socket per read.
 const READ_CHUNK: usize = 16 * 1024;
@@ -188,7 +188,7 @@ async fn read_more<S: AsyncRead + Unpin>(
             *expiry = Expiry::IdleAtCap;
         }
     };
-    if shared.load.at_cap() {
+    if shared.gate.at_cap() {
         shorten(&mut deadline, &mut expiry);
     }
     let buf = session.input();
@@ -208,7 +208,7 @@ async fn read_more<S: AsyncRead + Unpin>(
             },
             _ = &mut timer => return Read::Expired(expiry),
             _ = shutdown.wait_for(|stop| *stop), if !wait.in_data => return Read::ShuttingDown,
-            _ = shared.load.cap_reached() => {
+            _ = shared.gate.cap_reached() => {
                 shorten(&mut deadline, &mut expiry);
                 timer.as_mut().reset(deadline);
             }

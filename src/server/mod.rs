@@ -1,35 +1,27 @@
-//! The daemon: listeners, the connection caps (global and per client
-//! address), refusals, graceful shutdown, and the background purge of
-//! expired ledger entries.
+//! The SMTP listeners (plain, STARTTLS, implicit TLS) behind the
+//! [`front_door`](crate::front_door) (caps, bans, refusals), graceful
+//! shutdown, and the background purge of expired ledger entries.
 
-mod accept_errors;
 pub mod connection;
 mod deadline;
-mod load;
-mod per_ip;
-mod refuse;
-mod timed;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::accept::Acceptor;
 use crate::auth::{AuthError, Authenticator, NewAccount};
 use crate::config::{Config, TlsMode};
-use crate::smtp::budget::InFlightBudget;
+use crate::budget::InFlightBudget;
 use crate::smtp::session::{Session, SessionConfig};
 use crate::store::{Store, now_millis};
 
-use accept_errors::AcceptErrors;
+use crate::front_door::{Door, Entrance, Gate, Wording};
 use deadline::TimeLimits;
-use load::Load;
-use per_ip::PerIpLimit;
-use refuse::{Refusal, Refuser};
 
 /// The acceptance pipeline for a node's configuration, shared by every
 /// channel; `webhooks` routes its `message.accepted` events.
@@ -51,8 +43,10 @@ pub fn acceptor(
     })
 }
 
-/// The account directory from `[[user]]`, `[[trusted_network]]` and `[auth]`.
-fn authenticator(config: &Config) -> Result<Authenticator, AuthError> {
+/// The account directory from `[[user]]`, `[[trusted_network]]` and
+/// `[auth]`: one per node, shared by every channel so that failures on
+/// any of them feed the same bans.
+pub fn authenticator(config: &Config) -> Result<Authenticator, AuthError> {
     let accounts = config
         .users
         .iter()
@@ -74,17 +68,13 @@ fn authenticator(config: &Config) -> Result<Authenticator, AuthError> {
 /// What every connection task shares.
 pub struct Shared {
     pub acceptor: Arc<Acceptor>,
-    pub auth: Authenticator,
+    pub auth: Arc<Authenticator>,
     pub tls: Option<Arc<rustls::ServerConfig>>,
     pub time_limits: TimeLimits,
     pub tls_handshake_timeout: Duration,
     pub write_timeout: Duration,
-    /// Connections per client address (trusted networks are exempt).
-    pub per_ip: PerIpLimit,
-    /// Refusals under way, across listeners.
-    pub refusals: Arc<Semaphore>,
-    /// The `max_connections` cap and whether it is reached.
-    pub load: Load,
+    /// The SMTP ports' `max_connections` and per-address caps.
+    pub gate: Arc<Gate>,
 }
 
 /// A running daemon: its bound addresses and a handle to stop it.
@@ -102,6 +92,9 @@ impl Server {
         config: &Config,
         store: Arc<dyn Store>,
         acceptor: Arc<Acceptor>,
+        auth: Arc<Authenticator>,
+        door: Arc<Door>,
+        budget: Arc<InFlightBudget>,
     ) -> Result<Server, String> {
         crate::tls::install_crypto_provider();
         let tls = match &config.tls {
@@ -110,7 +103,7 @@ impl Server {
         };
         let shared = Arc::new(Shared {
             acceptor,
-            auth: authenticator(config).map_err(|e| e.to_string())?,
+            auth,
             tls: tls.clone(),
             time_limits: TimeLimits {
                 command_timeout: config.command_timeout,
@@ -120,16 +113,9 @@ impl Server {
             },
             tls_handshake_timeout: config.limits.tls_handshake_timeout,
             write_timeout: config.limits.write_timeout,
-            per_ip: PerIpLimit::new(config.limits.max_connections_per_ip),
-            refusals: Arc::new(Semaphore::new(refuse::MAX_REFUSALS_IN_PROGRESS)),
-            load: Load::new(Arc::new(Semaphore::new(config.max_connections))),
+            gate: Gate::new(config.max_connections),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
-        // One budget for every listener's sessions.
-        let budget = InFlightBudget::new(
-            config.limits.max_bytes_in_flight,
-            config.limits.max_bytes_in_flight_per_account,
-        );
         let mut tasks = JoinSet::new();
         let mut addrs = Vec::new();
         for listener in &config.listeners {
@@ -154,6 +140,7 @@ impl Server {
                 listener.tls == TlsMode::Implicit,
                 session_config,
                 shared.clone(),
+                door.clone(),
                 shutdown_rx.clone(),
                 config.shutdown_grace,
             ));
@@ -179,70 +166,28 @@ async fn accept_loop(
     implicit_tls: bool,
     config: Arc<SessionConfig>,
     shared: Arc<Shared>,
-    mut shutdown: watch::Receiver<bool>,
+    door: Arc<Door>,
+    shutdown: watch::Receiver<bool>,
     grace: Duration,
 ) {
-    let refuser = Refuser {
+    let entrance = Entrance {
+        name: "smtp",
+        gate: shared.gate.clone(),
+        wording: Wording::Smtp,
         tls: if implicit_tls {
             shared.tls.clone().map(tokio_rustls::TlsAcceptor::from)
         } else {
             None
         },
-        handshake_timeout: shared.tls_handshake_timeout,
-        write_timeout: shared.write_timeout,
-        in_progress: shared.refusals.clone(),
     };
-    let mut accept_errors = AcceptErrors::default();
-    let mut connections = JoinSet::new();
-    loop {
-        let accepted = tokio::select! {
-            accepted = socket.accept() => accepted,
-            _ = shutdown.wait_for(|stop| *stop) => break,
-            // Reap finished connections so the set doesn't grow.
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-        };
-        let (stream, peer) = match accepted {
-            Ok(pair) => pair,
-            Err(e) => {
-                accept_errors.failed(&e);
-                // EMFILE and friends: back off instead of spinning, but keep
-                // reaping so that finished connections free descriptors.
-                let pause = tokio::time::sleep(Duration::from_millis(50));
-                tokio::pin!(pause);
-                loop {
-                    tokio::select! {
-                        _ = &mut pause => break,
-                        Some(_) = connections.join_next(), if !connections.is_empty() => {}
-                    }
-                }
-                continue;
-            }
-        };
-        accept_errors.recovered();
-        let _ = stream.set_nodelay(true);
-        if shared.auth.is_banned(peer.ip()) {
-            refuse(&refuser, &mut connections, stream, peer, Refusal::Banned);
-            continue;
-        }
-        let trusted_workspace = shared.auth.trusted_workspace(peer.ip());
-        // Trusted networks are our own senders (Postfix exempts $mynetworks
-        // by default too); everyone else counts per address.
-        let per_ip = if trusted_workspace.is_some() {
-            None
+    let stop = shutdown.clone();
+    let handler = move |admitted: crate::front_door::Admitted| {
+        let trusted_workspace = if admitted.exempt {
+            shared.auth.trusted_workspace(admitted.peer.ip())
         } else {
-            match shared.per_ip.try_acquire(peer.ip()) {
-                Some(slot) => Some(slot),
-                None => {
-                    refuse(&refuser, &mut connections, stream, peer, Refusal::PerIp);
-                    continue;
-                }
-            }
+            None
         };
-        let Ok(permit) = shared.load.permits().try_acquire_owned() else {
-            refuse(&refuser, &mut connections, stream, peer, Refusal::Busy);
-            shared.load.turned_away();
-            continue;
-        };
+        let (stream, peer, slots) = admitted.into_parts();
         let session = Session::new(config.clone(), peer, trusted_workspace, implicit_tls);
         let handle = connection::handle(
             stream,
@@ -250,37 +195,18 @@ async fn accept_loop(
             session,
             implicit_tls,
             shared.clone(),
-            shutdown.clone(),
+            stop.clone(),
         );
         // Counted until the task ends or is aborted after the grace period.
         let counted = crate::metrics::global().connection();
-        connections.spawn(async move {
+        async move {
             handle.await;
             // The caps count a connection until its task ends.
-            drop(permit);
-            drop(per_ip);
+            drop(slots);
             drop(counted);
-        });
-    }
-    drop(socket);
-    let drain = async { while connections.join_next().await.is_some() {} };
-    if tokio::time::timeout(grace, drain).await.is_err() {
-        tracing::warn!("shutdown grace period over; closing remaining connections");
-        connections.shutdown().await;
-    }
-}
-
-fn refuse(
-    refuser: &Refuser,
-    connections: &mut JoinSet<()>,
-    stream: tokio::net::TcpStream,
-    peer: SocketAddr,
-    refusal: Refusal,
-) {
-    refusal.log(peer);
-    if let Some(task) = refuser.refuse(stream, refusal) {
-        connections.spawn(task);
-    }
+        }
+    };
+    crate::front_door::serve(socket, door, entrance, handler, shutdown, grace).await;
 }
 
 async fn purge_loop(

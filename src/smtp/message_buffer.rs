@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::smtp::budget::{InFlightBudget, OverBudget, Reservation};
+use crate::budget::{InFlightBudget, OverBudget, Reservation};
 
 /// Smallest growth: the budget's counters are touched once per step, not
 /// once per read.

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::budget::InFlightBudget;
+use crate::budget::InFlightBudget;
 use super::session::{Action, Session, SessionConfig};
 use crate::auth::{Account, AuthOutcome};
 

@@ -1,4 +1,5 @@
-//! Turning a connection away with a `421`, with bounded work: a refused
+//! Turning a connection away (`421` on SMTP, `503`/`429` on HTTP), with
+//! bounded work: a refused
 //! client must not be able to hold a task for long, nor, in numbers, make
 //! refusals pile up.
 
@@ -26,30 +27,77 @@ pub enum Refusal {
     Banned,
 }
 
+/// How a listener's protocol says "not now".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wording {
+    /// A `421` reply line.
+    Smtp,
+    /// A complete HTTP/1.1 response with a JSON error and `Retry-After`,
+    /// then the connection closes.
+    Http,
+}
+
 impl Refusal {
-    fn reply(self) -> &'static [u8] {
-        match self {
-            Refusal::Busy => b"421 4.7.0 Too many connections, try again later\r\n",
-            Refusal::PerIp => b"421 4.7.0 Too many connections from your address\r\n",
-            Refusal::Banned => {
-                b"421 4.7.0 Too many failed logins from your address, try again later\r\n"
+    fn reply(self, wording: Wording) -> Vec<u8> {
+        match (wording, self) {
+            (Wording::Smtp, Refusal::Busy) => {
+                b"421 4.7.0 Too many connections, try again later\r\n".to_vec()
             }
+            (Wording::Smtp, Refusal::PerIp) => {
+                b"421 4.7.0 Too many connections from your address\r\n".to_vec()
+            }
+            (Wording::Smtp, Refusal::Banned) => {
+                b"421 4.7.0 Too many failed logins from your address, try again later\r\n"
+                    .to_vec()
+            }
+            (Wording::Http, Refusal::Busy) => http_refusal(
+                "503 Service Unavailable",
+                1,
+                "TooManyConnections",
+                "too many connections, try again later",
+            ),
+            (Wording::Http, Refusal::PerIp) => http_refusal(
+                "429 Too Many Requests",
+                1,
+                "TooManyConnections",
+                "too many connections from your address",
+            ),
+            (Wording::Http, Refusal::Banned) => http_refusal(
+                "429 Too Many Requests",
+                60,
+                "Banned",
+                "too many authentication failures from your address, try again later",
+            ),
         }
     }
 
-    pub fn log(self, peer: SocketAddr) {
+    pub fn log(self, listener: &str, peer: SocketAddr) {
         match self {
-            Refusal::Busy => tracing::warn!(%peer, "connection refused: too many connections"),
+            Refusal::Busy => {
+                tracing::warn!(%peer, listener, "connection refused: too many connections")
+            }
             Refusal::PerIp => tracing::warn!(
                 %peer,
+                listener,
                 "connection refused: too many connections from this address"
             ),
             Refusal::Banned => tracing::info!(
                 %peer,
+                listener,
                 "connection refused: address banned after authentication failures"
             ),
         }
     }
+}
+
+/// A whole HTTP/1.1 response that ends the connection.
+fn http_refusal(status: &str, retry_after_secs: u32, code: &str, message: &str) -> Vec<u8> {
+    let body = format!(r#"{{"code":"{code}","message":"{message}"}}"#);
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nRetry-After: {retry_after_secs}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
 }
 
 /// How a refusal is carried out.
@@ -57,6 +105,7 @@ pub struct Refuser {
     /// Some on an implicit-TLS listener: the `421` goes inside TLS, never
     /// as plaintext a TLS client would take for a broken handshake.
     pub tls: Option<TlsAcceptor>,
+    pub wording: Wording,
     pub handshake_timeout: Duration,
     pub write_timeout: Duration,
     pub in_progress: Arc<Semaphore>,
@@ -75,14 +124,14 @@ impl Refuser {
             tracing::debug!("refusal dropped: too many refusals in progress");
             return None;
         };
-        let tls = self.tls.clone();
+        let (tls, wording) = (self.tls.clone(), self.wording);
         let (handshake_timeout, write_timeout) = (self.handshake_timeout, self.write_timeout);
         Some(async move {
-            let reply = refusal.reply();
+            let reply = refusal.reply(wording);
             match tls {
                 None => {
                     let mut stream = stream;
-                    if timed::write_all(&mut stream, reply, write_timeout)
+                    if timed::write_all(&mut stream, &reply, write_timeout)
                         .await
                         .is_ok()
                     {
@@ -92,7 +141,7 @@ impl Refuser {
                 Some(acceptor) => {
                     if let Ok(mut stream) =
                         timed::handshake(acceptor, stream, handshake_timeout).await
-                        && timed::write_all(&mut stream, reply, write_timeout)
+                        && timed::write_all(&mut stream, &reply, write_timeout)
                             .await
                             .is_ok()
                     {

@@ -14,7 +14,7 @@ pub struct AcceptErrors {
 impl AcceptErrors {
     const EVERY: Duration = Duration::from_secs(10);
 
-    pub fn failed(&mut self, error: &std::io::Error) {
+    pub fn failed(&mut self, listener: &str, error: &std::io::Error) {
         let now = tokio::time::Instant::now();
         if self
             .last_logged
@@ -25,6 +25,7 @@ impl AcceptErrors {
         }
         tracing::warn!(
             %error,
+            listener,
             repeated = self.since_logged,
             "accept failed; pausing accepts"
         );
