@@ -317,7 +317,10 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
                 auth: auth.clone(),
                 budget: budget.clone(),
             };
-            Some(crate::http::start(config, settings, acceptor.clone(), store.clone(), front).await?)
+            Some(
+                crate::http::start(config, settings, acceptor.clone(), store.clone(), front)
+                    .await?,
+            )
         }
         None => None,
     };

@@ -476,7 +476,10 @@ mod tests {
         );
         assert_eq!(v("smtp_once_smtp_connections_active"), 1.0);
         assert_eq!(v("smtp_once_smtp_connections_total"), 2.0);
-        assert_eq!(v(r#"smtp_once_auth_failures_total{channel="smtp",reason="invalid"}"#), 1.0);
+        assert_eq!(
+            v(r#"smtp_once_auth_failures_total{channel="smtp",reason="invalid"}"#),
+            1.0
+        );
     }
 
     #[test]

@@ -136,7 +136,10 @@ async fn values_move_with_connections_commits_queue_and_auth_failures() {
     assert_eq!(v(r#"smtp_once_queue_messages{state="delivering"}"#), 0.0);
     let age = v("smtp_once_queue_oldest_age_seconds");
     assert!((0.0..60.0).contains(&age), "{age}");
-    assert_eq!(v(r#"smtp_once_auth_failures_total{channel="smtp",reason="invalid"}"#), 1.0);
+    assert_eq!(
+        v(r#"smtp_once_auth_failures_total{channel="smtp",reason="invalid"}"#),
+        1.0
+    );
     assert_eq!(d.queue_count(), 2);
 }
 

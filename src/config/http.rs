@@ -66,7 +66,10 @@ pub(super) fn validate_http(
         p.add("http.body_timeout", "must be greater than 0");
     }
     if raw.min_body_rate == 0 {
-        p.add("http.min_body_rate", "must be greater than 0 (bytes per second)");
+        p.add(
+            "http.min_body_rate",
+            "must be greater than 0 (bytes per second)",
+        );
     }
     Some(HttpSettings {
         addr,

@@ -35,8 +35,8 @@ use tokio_rustls::TlsAcceptor;
 use accept_errors::AcceptErrors;
 use load::Load;
 use per_ip::{PerIpLimit, PerIpSlot};
-pub use refuse::{Refusal, Wording};
 use refuse::Refuser;
+pub use refuse::{Refusal, Wording};
 
 /// Who may come in at all, fed by every channel's authentication failures.
 pub trait ClientPolicy: Send + Sync {

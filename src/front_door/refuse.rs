@@ -47,8 +47,7 @@ impl Refusal {
                 b"421 4.7.0 Too many connections from your address\r\n".to_vec()
             }
             (Wording::Smtp, Refusal::Banned) => {
-                b"421 4.7.0 Too many failed logins from your address, try again later\r\n"
-                    .to_vec()
+                b"421 4.7.0 Too many failed logins from your address, try again later\r\n".to_vec()
             }
             (Wording::Http, Refusal::Busy) => http_refusal(
                 "503 Service Unavailable",

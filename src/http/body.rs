@@ -128,7 +128,8 @@ mod tests {
         let budget = InFlightBudget::unlimited();
         let mut r = budget.reservation(None);
         let (mut tx, body) = {
-            let (tx, rx) = tokio::sync::mpsc::channel::<Result<axum::body::Bytes, std::io::Error>>(1);
+            let (tx, rx) =
+                tokio::sync::mpsc::channel::<Result<axum::body::Bytes, std::io::Error>>(1);
             let stream = futures_util::stream::unfold(rx, |mut rx| async move {
                 rx.recv().await.map(|item| (item, rx))
             });
@@ -136,7 +137,11 @@ mod tests {
         };
         let feeder = tokio::spawn(async move {
             loop {
-                if tx.send(Ok(axum::body::Bytes::from_static(b"x"))).await.is_err() {
+                if tx
+                    .send(Ok(axum::body::Bytes::from_static(b"x")))
+                    .await
+                    .is_err()
+                {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -146,7 +151,10 @@ mod tests {
         let started = std::time::Instant::now();
         let result = read(body, limits(), &mut r).await;
         feeder.abort();
-        assert!(matches!(result, Err(BodyError::TooSlow { .. })), "{result:?}");
+        assert!(
+            matches!(result, Err(BodyError::TooSlow { .. })),
+            "{result:?}"
+        );
         assert!(started.elapsed() < Duration::from_secs(2));
     }
 }

@@ -41,5 +41,13 @@ pub async fn run(
     };
     let stopping = stop.clone();
     let handler = move |admitted| connection.clone().serve(admitted, stopping.clone());
-    crate::front_door::serve(listener, door, entrance, handler, stop, limits.shutdown_grace).await;
+    crate::front_door::serve(
+        listener,
+        door,
+        entrance,
+        handler,
+        stop,
+        limits.shutdown_grace,
+    )
+    .await;
 }

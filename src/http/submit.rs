@@ -86,9 +86,7 @@ async fn handle(api: Arc<Api>, peer: SocketAddr, request: Request) -> Response {
     }
     // Held until the answer: the body counts against the budget while
     // the pipeline looks at it.
-    let mut reservation = api
-        .budget
-        .reservation(Some(Arc::from(submitter.name())));
+    let mut reservation = api.budget.reservation(Some(Arc::from(submitter.name())));
     let body = match body::read(body, api.body, &mut reservation).await {
         Ok(body) => body,
         Err(BodyError::TooLarge(_)) => return too_large(api.max_message_size),

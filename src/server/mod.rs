@@ -15,8 +15,8 @@ use tokio::task::JoinSet;
 
 use crate::accept::Acceptor;
 use crate::auth::{AuthError, Authenticator, NewAccount};
-use crate::config::{Config, TlsMode};
 use crate::budget::InFlightBudget;
+use crate::config::{Config, TlsMode};
 use crate::smtp::session::{Session, SessionConfig};
 use crate::store::{Store, now_millis};
 

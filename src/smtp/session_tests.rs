@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use crate::budget::InFlightBudget;
 use super::session::{Action, Session, SessionConfig};
 use crate::auth::{Account, AuthOutcome};
+use crate::budget::InFlightBudget;
 
 fn config() -> Arc<SessionConfig> {
     Arc::new(SessionConfig {
