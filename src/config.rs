@@ -20,7 +20,7 @@ pub use dkim::RawDkim;
 pub use http::{HttpSettings, RawHttp};
 use parse::{drop_repeats, parse_raw};
 pub use store::{PostgresSettings, RawStore, StoreBackend};
-pub use webhook::{RawWebhook, WebhookEndpoint};
+pub use webhook::{RawWebhook, WebhookEndpoint, redacted_url};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
