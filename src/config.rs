@@ -20,7 +20,7 @@ pub use dkim::RawDkim;
 pub use http::{HttpSettings, RawHttp};
 use parse::{drop_repeats, parse_raw};
 pub use store::{PostgresSettings, RawStore, StoreBackend};
-pub use webhook::{RawWebhook, WebhookEndpoint};
+pub use webhook::{RawWebhook, WebhookEndpoint, redacted_url};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -911,7 +911,13 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
     let node_id = store::node_id(s.node_id.as_deref(), p);
     let auth = validate_auth(&raw.auth, p);
     let webhooks = webhook::validate_webhooks(&raw.webhooks, base, p);
-    let dkim = dkim::validate_dkim(&raw.dkim, base, p);
+    let workspaces: std::collections::BTreeSet<&str> = raw
+        .users
+        .iter()
+        .map(|u| u.workspace.as_str())
+        .chain(raw.trusted_networks.iter().map(|t| t.workspace.as_str()))
+        .collect();
+    let dkim = dkim::validate_dkim(&raw.dkim, base, &workspaces, p);
     let metrics = raw.metrics.as_ref().and_then(|m| {
         let addr = m.addr.parse::<SocketAddr>();
         if addr.is_err() {

@@ -34,6 +34,10 @@ use mail_auth::{
 /// Fast retries and polling (lines inside `[relay]`).
 const FAST: &str = "retry_schedule = [\"200ms\"]\npoll_interval = \"50ms\"\n";
 
+/// The test config has two workspaces (alice and bob in acme, carol in
+/// globex), so every key says whose mail it signs.
+const ACME: &str = "workspace = \"acme\"\n";
+
 // ------------------------------------------------------------------ keys
 
 /// A key made by `smtp-once dkim-keygen`, and what it printed (the TXT
@@ -278,8 +282,8 @@ async fn a_signed_message_verifies_with_dkimpy_and_mail_auth() {
     let d = Daemon::start(Options {
         extra: format!(
             "{FAST}\n[http]\naddr = \"127.0.0.1:0\"\n{}{}",
-            dkim_entry("example.test", "rsa", &rsa, ""),
-            dkim_entry("example.test", "ed", &ed, ""),
+            dkim_entry("example.test", "rsa", &rsa, ACME),
+            dkim_entry("example.test", "ed", &ed, ACME),
         ),
         ..Options::default()
     });
@@ -393,8 +397,8 @@ async fn a_deferred_attempt_and_its_retry_send_identical_signed_bytes() {
         )),
         extra: format!(
             "{}{}",
-            dkim_entry("example.test", "rsa", &rsa, ""),
-            dkim_entry("example.test", "ed", &ed, ""),
+            dkim_entry("example.test", "rsa", &rsa, ACME),
+            dkim_entry("example.test", "ed", &ed, ACME),
         ),
         ..Options::default()
     });
@@ -437,7 +441,7 @@ async fn the_from_domain_and_the_workspace_choose_the_key() {
     let d = Daemon::start(Options {
         extra: format!(
             "{FAST}{}{}",
-            dkim_entry("example.test", "ed", &parent, ""),
+            dkim_entry("example.test", "ed", &parent, ACME),
             dkim_entry("other.test", "acme", &acme_only, "workspace = \"acme\"\n"),
         ),
         ..Options::default()
@@ -490,6 +494,11 @@ fn check_config_names_a_bad_key_file_and_unsignable_headers() {
         "{}",
         String::from_utf8_lossy(&openssl.stderr)
     );
+    // Only the owner may read a key (finding 11): these are refused for
+    // what they hold, not for their mode.
+    for file in [&garbage, &empty, &short] {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
     let good = keygen(dir.path(), "example.test", "ok", "ed25519");
 
     let check = |entry: &str| {
@@ -506,7 +515,7 @@ fn check_config_names_a_bad_key_file_and_unsignable_headers() {
     };
     let entry = |file: &Path, extra: &str| {
         format!(
-            "\n[[dkim]]\ndomain = \"example.test\"\nselector = \"s\"\nprivate_key = \"{}\"\n{extra}",
+            "\n[[dkim]]\ndomain = \"example.test\"\nselector = \"s\"\nprivate_key = \"{}\"\n{ACME}{extra}",
             file.display()
         )
     };
@@ -552,8 +561,8 @@ async fn a_retry_after_kill_9_is_deduplicated_by_the_next_smtp_once() {
         )),
         extra: format!(
             "poll_interval = \"50ms\"\ndelivery_test_pause_after_send = \"60s\"\n{}{}",
-            dkim_entry("example.test", "rsa", &rsa, ""),
-            dkim_entry("example.test", "ed", &ed, ""),
+            dkim_entry("example.test", "rsa", &rsa, ACME),
+            dkim_entry("example.test", "ed", &ed, ACME),
         ),
         ..Options::default()
     });
@@ -627,4 +636,130 @@ async fn a_retry_after_kill_9_is_deduplicated_by_the_next_smtp_once() {
             ["example.test/rsa", "example.test/ed"]
         );
     }
+}
+
+// ------------------------------------------------- issue 20: tenancy, keys
+
+/// `config` (the default test config with `extra`) in `dir`, and its path.
+fn write_config(dir: &Path, extra: &str) -> PathBuf {
+    let path = dir.join("check.toml");
+    let text = common::config_text(
+        &Options {
+            extra: extra.to_owned(),
+            ..Options::default()
+        },
+        dir,
+    );
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+/// Runs `smtp-once serve` on `config` and expects it to exit with an error
+/// within 20 s (a daemon that starts is killed and fails the test); returns
+/// what it wrote.
+fn serve_refuses(config: &Path) -> String {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(config)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn smtp-once serve");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("serve started with {}", config.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("output");
+    assert!(!out.status.success(), "serve exited 0");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Issue 20 finding 7: one tenant's mail was signed with another tenant's
+/// domain. Workspace acme ("wa") owns a.test; carol, in globex ("wc") and
+/// without `allowed_senders`, sends `From: ceo@a.test`: relayed unsigned,
+/// while bob's (acme) is signed. A key bound to no workspace, which before
+/// the fix signed carol's mail as a.test, is refused by check-config and
+/// serve while the config has two workspaces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_20_finding_7_a_key_signs_only_its_own_workspaces_mail() {
+    let keys = tempfile::tempdir().expect("tmp");
+    let a = keygen(keys.path(), "a.test", "s", "ed25519");
+    let d = Daemon::start(Options {
+        extra: format!("{FAST}{}", dkim_entry("a.test", "s", &a, ACME)),
+        ..Options::default()
+    });
+    let foreign = submitted_and_relayed(&d, "carol", "carol@globex.test", "CEO <ceo@a.test>").await;
+    assert_unsigned(&foreign);
+    assert!(
+        !String::from_utf8_lossy(&foreign).contains("d=a.test"),
+        "{}",
+        String::from_utf8_lossy(&foreign)
+    );
+    let own = submitted_and_relayed(&d, "bob", "bob@a.test", "CEO <ceo@a.test>").await;
+    assert_eq!(verified(&own, &[a.printed.as_path()]).await, ["a.test/s"]);
+    drop(d);
+
+    let dir = tempfile::tempdir().expect("tmp");
+    let unbound = write_config(dir.path(), &dkim_entry("a.test", "s", &a, ""));
+    let want = "dkim[0].workspace: missing: the config has several workspaces (acme, globex)";
+    let hint = "add workspace = \"<the workspace that owns a.test>\"";
+    let (ok, text) = common::check_config(&unbound);
+    assert!(!ok && text.contains(want) && text.contains(hint), "{text}");
+    let text = serve_refuses(&unbound);
+    assert!(text.contains(want), "{text}");
+
+    let listed = write_config(
+        dir.path(),
+        &dkim_entry("a.test", "s", &a, "workspaces = [\"acme\", \"globex\"]\n"),
+    );
+    let (ok, text) = common::check_config(&listed);
+    assert!(ok, "{text}");
+    let typo = write_config(
+        dir.path(),
+        &dkim_entry("a.test", "s", &a, "workspace = \"acmee\"\n"),
+    );
+    let (ok, text) = common::check_config(&typo);
+    assert!(
+        !ok && text.contains("dkim[0].workspace: \"acmee\" is no workspace"),
+        "{text}"
+    );
+}
+
+/// Issue 20 finding 11: a 0644 private key loaded silently. check-config
+/// and serve refuse a key its group or others can read, and say how to
+/// fix it; 0600 (what dkim-keygen writes) loads.
+#[test]
+fn issue_20_finding_11_a_key_others_can_read_is_refused() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let key = keygen(dir.path(), "example.test", "s", "ed25519");
+    let config = write_config(dir.path(), &dkim_entry("example.test", "s", &key, ACME));
+    let chmod = |mode: u32| {
+        std::fs::set_permissions(&key.file, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    };
+    for mode in [0o644, 0o640] {
+        chmod(mode);
+        let want = format!(
+            "dkim[0].private_key: {path}: is readable by its group or others (mode {mode:04o})",
+            path = key.file.display()
+        );
+        let hint = format!("chmod 600 {}", key.file.display());
+        let (ok, text) = common::check_config(&config);
+        assert!(
+            !ok && text.contains(&want) && text.contains(&hint),
+            "{text}"
+        );
+        let text = serve_refuses(&config);
+        assert!(text.contains(&want) && text.contains(&hint), "{text}");
+    }
+    chmod(0o600);
+    let (ok, text) = common::check_config(&config);
+    assert!(ok && text.contains("1 DKIM key(s)"), "{text}");
 }

@@ -571,3 +571,68 @@ async fn an_endless_response_body_is_cut_off() {
     })
     .await;
 }
+
+/// Issue 20 finding 10: a webhook without `name` was named by its whole
+/// URL, so a `?token=` in it showed in the daemon's log and in `webhooks
+/// list`. Its name is now the URL without query, and neither shows the
+/// token; a URL with `user:password@` is refused without printing either.
+#[tokio::test]
+async fn issue_20_finding_10_a_token_in_the_url_is_never_shown() {
+    let dir = scratch();
+    let gone = Receiver::start(
+        &secret(9),
+        &dir.path().join("r.db"),
+        0,
+        &["--status-always", "410"],
+    );
+    let url = format!("{}?token=s3cret", gone.url());
+    let d = daemon(&format!(
+        "\n[[webhook]]\nurl = \"{url}\"\nsecret = \"{}\"\n{FAST}max_in_flight = 1\n",
+        secret(9)
+    ));
+    submit(&d, "wh-token-1").await;
+    // The 410 disables the endpoint: logged and listed by its name.
+    let name = gone.url();
+    let listed = wait_until("the endpoint listed as disabled", 30, || {
+        let out = webhooks_cli(&d, &["list"]);
+        out.contains(&format!("endpoint {name:?} DISABLED"))
+            .then_some(out)
+    })
+    .await;
+    assert!(
+        listed.contains(&format!("endpoint {name:?} last")),
+        "{listed}"
+    );
+    let log = d.log();
+    assert!(log.contains("webhook endpoint disabled"), "{log}");
+    for shown in [&listed, &log] {
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+    let out = webhooks_cli(&d, &["list", "--endpoint", &name]);
+    assert!(out.contains("message.accepted"), "{out}");
+    assert!(!out.contains("s3cret"), "{out}");
+
+    // User info is refused, and the refusal shows neither it nor the token.
+    let text = common::config_text(
+        &Options {
+            extra: format!(
+                "\n[[webhook]]\nurl = \"http://user:pw@127.0.0.1:9/hooks?token=s3cret\"\nsecret = \"{}\"\n",
+                secret(9)
+            ),
+            store: Store::Sqlite,
+            ..Options::default()
+        },
+        dir.path(),
+    );
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, text).expect("write config");
+    let (ok, out) = common::check_config(&path);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(
+            "webhook[0].url: \"http://127.0.0.1:9/hooks\" needs a host, and no user:password@"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("s3cret") && !out.contains("pw"), "{out}");
+}

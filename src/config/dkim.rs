@@ -1,8 +1,13 @@
 //! `[[dkim]]`: the keys that sign accepted mail, chosen by the `From:`
 //! domain. Each key file is loaded here, so `check-config` reports a
-//! missing, unreadable or too short key by its entry.
+//! missing, unreadable, exposed or too short key by its entry.
+//!
+//! A key signs for the workspaces it is bound to. With several workspaces
+//! an unbound key is refused: it would sign any workspace's mail that uses
+//! its domain in `From:` (an account without `allowed_senders` may), so one
+//! tenant's mail would pass DMARC as another tenant's domain.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -22,11 +27,21 @@ pub struct RawDkim {
     /// Headers to sign (default: `dkim::signer::DEFAULT_HEADERS`); `From`
     /// is always signed.
     pub headers: Option<Vec<String>>,
-    /// Only this workspace's mail (default: every workspace).
+    /// Only this workspace's mail. Required (or `workspaces`) when the
+    /// config has more than one workspace.
     pub workspace: Option<String>,
+    /// Only these workspaces' mail (instead of `workspace`).
+    pub workspaces: Option<Vec<String>>,
 }
 
-pub(super) fn validate_dkim(raw: &[RawDkim], base: &Path, p: &mut Problems) -> Vec<DomainSigner> {
+/// `workspaces`: every workspace of the config's `[[user]]` and
+/// `[[trusted_network]]` entries.
+pub(super) fn validate_dkim(
+    raw: &[RawDkim],
+    base: &Path,
+    workspaces: &BTreeSet<&str>,
+    p: &mut Problems,
+) -> Vec<DomainSigner> {
     let mut pairs = HashSet::new();
     let mut out = Vec::new();
     for (i, d) in raw.iter().enumerate() {
@@ -56,28 +71,89 @@ pub(super) fn validate_dkim(raw: &[RawDkim], base: &Path, p: &mut Problems) -> V
                 headers_ok = false;
             }
         }
-        if let Some(w) = &d.workspace
-            && let Err(e) = check_label(w)
-        {
-            p.add(key("workspace"), e);
-        }
+        let bound = bound_workspaces(d, workspaces, &key, p);
         let path = resolve(base, &d.private_key);
         let signing_key = dkim::key::load(&path)
             .map_err(|e| p.add(key("private_key"), format!("{}: {e}", path.display())))
             .ok();
-        if let (Some(domain), true, true, Some(signing_key)) =
-            (domain, selector_ok, headers_ok, signing_key)
+        if let (Some(domain), true, true, Some(signing_key), Some(bound)) =
+            (domain, selector_ok, headers_ok, signing_key, bound)
         {
             out.push(DomainSigner::new(
                 &domain,
                 &d.selector,
                 signing_key,
                 d.headers.as_deref(),
-                d.workspace.as_deref(),
+                &bound,
             ));
         }
     }
     out
+}
+
+/// The workspaces entry `d` signs for (empty: every one, allowed only when
+/// the config has a single workspace); `None` after a problem.
+fn bound_workspaces(
+    d: &RawDkim,
+    known: &BTreeSet<&str>,
+    key: &dyn Fn(&str) -> String,
+    p: &mut Problems,
+) -> Option<Vec<String>> {
+    let (field, names): (&str, Vec<String>) = match (&d.workspace, &d.workspaces) {
+        (Some(_), Some(_)) => {
+            p.add(key("workspaces"), "set workspace or workspaces, not both");
+            return None;
+        }
+        (Some(w), None) => ("workspace", vec![w.clone()]),
+        (None, Some(list)) if list.is_empty() => {
+            p.add(
+                key("workspaces"),
+                "names no workspace (leave it out only when the config has one workspace)",
+            );
+            return None;
+        }
+        (None, Some(list)) => ("workspaces", list.clone()),
+        (None, None) if known.len() > 1 => {
+            let listed: Vec<&str> = known.iter().copied().collect();
+            p.add(
+                key("workspace"),
+                format!(
+                    "missing: the config has several workspaces ({}), and a key bound to none \
+                     signs the mail of each of them whose From: is in {}; add \
+                     workspace = \"<the workspace that owns {}>\" (or workspaces = [...]) \
+                     to this [[dkim]] entry",
+                    listed.join(", "),
+                    d.domain,
+                    d.domain
+                ),
+            );
+            return None;
+        }
+        (None, None) => return Some(Vec::new()),
+    };
+    let mut ok = true;
+    for (j, w) in names.iter().enumerate() {
+        let at = if field == "workspace" {
+            key(field)
+        } else {
+            format!("{}[{j}]", key(field))
+        };
+        if let Err(e) = check_label(w) {
+            p.add(at, e);
+            ok = false;
+        } else if !known.contains(w.as_str()) {
+            let listed: Vec<&str> = known.iter().copied().collect();
+            p.add(
+                at,
+                format!(
+                    "{w:?} is no workspace of a [[user]] or [[trusted_network]] (workspaces: {})",
+                    listed.join(", ")
+                ),
+            );
+            ok = false;
+        }
+    }
+    ok.then_some(names)
 }
 
 #[cfg(test)]
@@ -117,6 +193,11 @@ mod tests {
         let key = keygen::generate(Algorithm::Ed25519).expect("key");
         keygen::write(&key, &dir.path().join("ed.pem")).expect("write");
         std::fs::write(dir.path().join("junk.pem"), "junk\n").expect("write");
+        std::fs::set_permissions(
+            dir.path().join("junk.pem"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .expect("chmod");
         let entry = |domain: &str, selector: &str, file: &str, extra: &str| {
             format!(
                 "[[dkim]]\ndomain = \"{domain}\"\nselector = \"{selector}\"\nprivate_key = \"{file}\"\n{extra}"
@@ -156,5 +237,58 @@ mod tests {
             assert!(err.contains(&needle), "{needle:?} missing from {err}");
         }
         assert!(!err.contains("dkim[0]"), "{err}");
+    }
+
+    /// Issue 20 finding 7: with two workspaces a key must say whose mail
+    /// it signs, by a workspace the config has.
+    #[test]
+    fn with_several_workspaces_a_key_is_bound() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let key = keygen::generate(Algorithm::Ed25519).expect("key");
+        keygen::write(&key, &dir.path().join("ed.pem")).expect("write");
+        let second = "[[trusted_network]]\ncidr = \"10.0.0.1\"\nworkspace = \"v\"\n";
+        let entry = |extra: &str| {
+            format!(
+                "{second}[[dkim]]\ndomain = \"a.test\"\nselector = \"s\"\nprivate_key = \"ed.pem\"\n{extra}"
+            )
+        };
+        let err = |extra: &str| {
+            load(dir.path(), &entry(extra))
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+        };
+        let unbound = err("");
+        assert!(
+            unbound
+                .contains("dkim[0].workspace: missing: the config has several workspaces (v, w)")
+                && unbound.contains("add workspace = \"<the workspace that owns a.test>\""),
+            "{unbound}"
+        );
+        assert!(
+            err("workspace = \"x\"\n")
+                .contains("dkim[0].workspace: \"x\" is no workspace of a [[user]] or [[trusted_network]] (workspaces: v, w)")
+        );
+        assert!(
+            err("workspaces = [\"w\", \"y\"]\n")
+                .contains("dkim[0].workspaces[1]: \"y\" is no workspace")
+        );
+        assert!(err("workspaces = []\n").contains("dkim[0].workspaces: names no workspace"));
+        assert!(
+            err("workspace = \"w\"\nworkspaces = [\"v\"]\n")
+                .contains("dkim[0].workspaces: set workspace or workspaces, not both")
+        );
+        for ok in ["workspace = \"w\"\n", "workspaces = [\"v\", \"w\"]\n"] {
+            load(dir.path(), &entry(ok))
+                .map_err(|e| e.to_string())
+                .expect(ok);
+        }
+        // One workspace: an unbound key can only serve it.
+        load(
+            dir.path(),
+            "[[dkim]]\ndomain = \"a.test\"\nselector = \"s\"\nprivate_key = \"ed.pem\"\n",
+        )
+        .map_err(|e| e.to_string())
+        .expect("one workspace");
     }
 }

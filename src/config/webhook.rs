@@ -20,7 +20,8 @@ pub const DEFAULT_RETRY_SCHEDULE: [&str; 10] = [
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawWebhook {
-    /// How operators and the outbox name it; default: the URL.
+    /// How operators and the outbox name it; default: the URL without its
+    /// query (see [`redacted_url`]).
     pub name: Option<String>,
     pub url: String,
     /// `whsec_` + base64 of 24-64 random bytes.
@@ -60,7 +61,7 @@ fn default_disable_after() -> String {
 }
 
 /// One validated endpoint.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct WebhookEndpoint {
     pub name: String,
     pub url: String,
@@ -74,6 +75,18 @@ pub struct WebhookEndpoint {
     pub disable_after: Duration,
     pub retry_schedule: Vec<Duration>,
     pub ca_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for WebhookEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the secrets, nor a token in the URL's query.
+        f.debug_struct("WebhookEndpoint")
+            .field("name", &self.name)
+            .field("url", &redacted_url(&self.url))
+            .field("events", &self.events)
+            .field("workspace", &self.workspace)
+            .finish_non_exhaustive()
+    }
 }
 
 impl WebhookEndpoint {
@@ -101,14 +114,37 @@ pub fn parse_secret(value: &str) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
+/// `url` as logs, `webhooks list` and error messages show it, and the
+/// default `name`: scheme, host, port and path. The query and fragment
+/// (where receivers put tokens: `?token=...`) and any user info
+/// (`user:password@`) are left out.
+pub fn redacted_url(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), url),
+    };
+    // User info is whatever comes before the last `@` ahead of the path,
+    // even past a `?`: when in doubt, show less.
+    let head_end = rest.find('/').unwrap_or(rest.len());
+    let rest = match rest[..head_end].rfind('@') {
+        Some(at) => &rest[at + 1..],
+        None => rest,
+    };
+    let end = rest.find(['?', '#']).unwrap_or(rest.len());
+    format!("{scheme}{}", &rest[..end])
+}
+
 fn check_url(url: &str) -> Result<(), String> {
     let rest = url
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://"))
         .ok_or("must start with http:// or https://")?;
     let host = rest.split(['/', '?', '#']).next().unwrap_or("");
-    if host.is_empty() || host.contains('@') {
-        return Err("needs a host (and no user:password@)".into());
+    let head = rest.split('/').next().unwrap_or("");
+    if host.is_empty() || head.contains('@') {
+        return Err(
+            "needs a host, and no user:password@ (nor an @ before the path: write %40)".into(),
+        );
     }
     if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err("must not contain spaces or control characters".into());
@@ -125,16 +161,20 @@ pub(super) fn validate_webhooks(
     let mut out = Vec::new();
     for (i, w) in raw.iter().enumerate() {
         let key = |field: &str| format!("webhook[{i}].{field}");
+        // The URL may carry a token or a password: shown redacted.
         if let Err(e) = check_url(&w.url) {
-            p.add(key("url"), format!("{:?} {e}", w.url));
+            p.add(key("url"), format!("{:?} {e}", redacted_url(&w.url)));
         }
-        let name = w.name.clone().unwrap_or_else(|| w.url.clone());
+        let name = w.name.clone().unwrap_or_else(|| redacted_url(&w.url));
         if name.is_empty() || name.contains(['\n', '\r']) {
             p.add(key("name"), "must be non-empty and on one line");
         } else if !names.insert(name.clone()) {
             p.add(
                 key("name"),
-                format!("{name:?} is used by another [[webhook]] (set distinct names)"),
+                format!(
+                    "{name:?} is used by another [[webhook]] (set distinct names; a name \
+                     taken from the URL leaves out its query)"
+                ),
             );
         }
         let mut secrets = Vec::new();
@@ -237,5 +277,67 @@ mod tests {
         assert!(check_url("https:///path").is_err());
         assert!(check_url("https://u:p@host/").is_err());
         assert!(check_url("https://host/a b").is_err());
+        assert!(check_url("https://host?to=a@b/c").is_err());
+        assert!(check_url("https://host/p?to=a@b").is_ok());
+    }
+
+    /// Issue 20 finding 10: what is shown of a URL has no query, fragment
+    /// or user info.
+    #[test]
+    fn urls_are_shown_without_query_or_user_info() {
+        for (url, shown) in [
+            (
+                "https://app.example.net/hooks",
+                "https://app.example.net/hooks",
+            ),
+            (
+                "http://127.0.0.1:8080/h?token=s3cret",
+                "http://127.0.0.1:8080/h",
+            ),
+            ("https://host?token=s3cret", "https://host"),
+            ("https://host/p#frag", "https://host/p"),
+            ("https://user:pw@host:8443/p?t=1", "https://host:8443/p"),
+            ("https://u:p?w@host/p", "https://host/p"),
+            ("user:pw@host/p?t=1", "host/p"),
+            ("https://host/p?to=a@b", "https://host/p"),
+        ] {
+            assert_eq!(redacted_url(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn the_default_name_is_the_redacted_url() {
+        let base = "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n[[listener]]\naddr = \"127.0.0.1:0\"\n\
+                    [[trusted_network]]\ncidr = \"127.0.0.1\"\nworkspace = \"w\"\n[relay]\nmode = \"mx\"\n";
+        let secret = format!(
+            "whsec_{}",
+            base64::engine::general_purpose::STANDARD.encode([7u8; 32])
+        );
+        let hook = |url: &str| format!("[[webhook]]\nurl = \"{url}\"\nsecret = \"{secret}\"\n");
+        let config = super::super::Config::from_toml(
+            Path::new("/tmp/c.toml"),
+            &format!("{base}{}", hook("http://127.0.0.1:9/h?token=s3cret")),
+        )
+        .map_err(|e| e.to_string())
+        .expect("valid");
+        assert_eq!(config.webhooks[0].name, "http://127.0.0.1:9/h");
+        assert!(!format!("{:?}", config.webhooks).contains("s3cret"));
+
+        let err = super::super::Config::from_toml(
+            Path::new("/tmp/c.toml"),
+            &format!(
+                "{base}{}{}",
+                hook("http://u:pw@127.0.0.1:9/h?token=s3cret"),
+                hook("http://127.0.0.1:9/h?token=other")
+            ),
+        )
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+        assert!(!err.contains("s3cret") && !err.contains("pw"), "{err}");
+        assert!(
+            err.contains("webhook[0].url: \"http://127.0.0.1:9/h\" needs a host"),
+            "{err}"
+        );
     }
 }

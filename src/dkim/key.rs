@@ -3,7 +3,9 @@
 //! a file is said in words, since `check-config` shows it by key.
 
 use std::fmt;
-use std::path::Path;
+use std::io::BufReader;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use mail_auth::common::crypto::{Algorithm, DkimKey, Ed25519Key, RsaKey, Sha256};
@@ -23,6 +25,12 @@ const ED25519_OID: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.101.112"
 pub enum KeyError {
     #[error("cannot read it: {0}")]
     Read(std::io::Error),
+    #[error(
+        "is readable by its group or others (mode {mode:04o}); a signing key is its owner's \
+         only (OpenDKIM refuses such keys too): chmod 600 {}",
+        path.display()
+    )]
+    Exposed { mode: u32, path: PathBuf },
     #[error("holds no private key (expected a PEM block PRIVATE KEY or RSA PRIVATE KEY)")]
     NoKey,
     #[error("is not valid PEM: {0}")]
@@ -86,9 +94,25 @@ impl mail_auth::common::crypto::SigningKey for SigningKey {
     }
 }
 
-/// Reads the private key in the PEM file at `path`.
+/// Reads the private key in the PEM file at `path`, which only its owner
+/// may read: a key others can read may have been copied, and whoever has
+/// it signs as the domain.
 pub fn load(path: &Path) -> Result<SigningKey, KeyError> {
-    let der = PrivateKeyDer::from_pem_file(path).map_err(|e| match e {
+    let file = std::fs::File::open(path).map_err(KeyError::Read)?;
+    // The mode of the file opened (a symlink's target), not of the name.
+    let mode = file
+        .metadata()
+        .map_err(KeyError::Read)?
+        .permissions()
+        .mode()
+        & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(KeyError::Exposed {
+            mode,
+            path: path.to_path_buf(),
+        });
+    }
+    let der = PrivateKeyDer::from_pem_reader(BufReader::new(file)).map_err(|e| match e {
         pem::Error::Io(e) => KeyError::Read(e),
         pem::Error::NoItemsFound => KeyError::NoKey,
         other => KeyError::Pem(other.to_string()),
@@ -205,5 +229,31 @@ mod tests {
             missing.to_string().starts_with("cannot read it: "),
             "{missing}"
         );
+    }
+
+    /// Issue 20 finding 11: a key file its group or others can read is
+    /// refused, with the command that fixes it; 0600 (and 0400) load.
+    #[test]
+    fn a_key_others_can_read_is_refused() {
+        use crate::dkim::keygen::{self, Algorithm};
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("k.pem");
+        keygen::write(&keygen::generate(Algorithm::Ed25519).expect("key"), &path).expect("write");
+        let chmod = |mode: u32| {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod")
+        };
+        for mode in [0o600, 0o400] {
+            chmod(mode);
+            assert!(load(&path).is_ok(), "{mode:o}");
+        }
+        for mode in [0o644, 0o640, 0o604, 0o660] {
+            chmod(mode);
+            let err = load(&path).map(|_| ()).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("(mode {mode:04o})"))
+                    && err.ends_with(&format!("chmod 600 {}", path.display())),
+                "{err}"
+            );
+        }
     }
 }

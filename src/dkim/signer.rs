@@ -71,7 +71,9 @@ pub struct SignError {
 pub struct DomainSigner {
     domain: String,
     selector: String,
-    workspace: Option<String>,
+    /// The workspaces whose mail it signs; empty: every workspace (the
+    /// config allows that only when there is one).
+    workspaces: Vec<String>,
     key: SigningKey,
     /// Built once: domain, selector, h= list, relaxed/relaxed.
     signer: Arc<DkimSigner<SigningKey, Done>>,
@@ -82,7 +84,7 @@ impl fmt::Debug for DomainSigner {
         f.debug_struct("DomainSigner")
             .field("domain", &self.domain)
             .field("selector", &self.selector)
-            .field("workspace", &self.workspace)
+            .field("workspaces", &self.workspaces)
             .field("key", &self.key)
             .finish_non_exhaustive()
     }
@@ -92,13 +94,14 @@ impl DomainSigner {
     /// `domain` and `selector` as checked by [`check_domain`] and
     /// [`check_selector`]; `headers` as checked by [`check_header`]
     /// (`None`: [`DEFAULT_HEADERS`]). `From` is signed whatever the list
-    /// says, and oversigned.
+    /// says, and oversigned. `workspaces`: whose mail it signs (empty:
+    /// everyone's).
     pub fn new(
         domain: &str,
         selector: &str,
         key: SigningKey,
         headers: Option<&[String]>,
-        workspace: Option<&str>,
+        workspaces: &[String],
     ) -> Self {
         let domain = domain.to_ascii_lowercase();
         let signer = DkimSigner::from_key(key.clone())
@@ -110,7 +113,7 @@ impl DomainSigner {
         Self {
             domain,
             selector: selector.to_owned(),
-            workspace: workspace.map(str::to_owned),
+            workspaces: workspaces.to_vec(),
             key,
             signer: Arc::new(signer),
         }
@@ -146,7 +149,8 @@ impl DomainSigner {
     }
 
     fn serves(&self, domain: &str, workspace: &str) -> bool {
-        self.domain == domain && self.workspace.as_deref().is_none_or(|w| w == workspace)
+        self.domain == domain
+            && (self.workspaces.is_empty() || self.workspaces.iter().any(|w| w == workspace))
     }
 }
 

@@ -7,8 +7,9 @@ fn ed25519() -> SigningKey {
     key::from_pem(new.pem.as_bytes()).expect("loads")
 }
 
-fn entry(domain: &str, selector: &str, workspace: Option<&str>) -> DomainSigner {
-    DomainSigner::new(domain, selector, ed25519(), None, workspace)
+fn entry(domain: &str, selector: &str, workspaces: &[&str]) -> DomainSigner {
+    let workspaces: Vec<String> = workspaces.iter().map(|w| (*w).to_owned()).collect();
+    DomainSigner::new(domain, selector, ed25519(), None, &workspaces)
 }
 
 /// The `h=` names of a `DKIM-Signature:` header, lowercased.
@@ -29,7 +30,7 @@ X-Bird-Idempotency-Key: k1\r\nReceived: from x by y; date\r\n\r\nbody\r\n";
 
 #[test]
 fn from_is_oversigned_and_per_hop_headers_are_not_signed() {
-    let header = entry("example.test", "s1", None)
+    let header = entry("example.test", "s1", &[])
         .sign(MESSAGE)
         .expect("signed");
     assert!(
@@ -53,18 +54,14 @@ fn from_is_oversigned_and_per_hop_headers_are_not_signed() {
 
     // Two From: headers are both signed, and one more besides.
     let two = [b"From: c@example.test\r\n".as_slice(), MESSAGE].concat();
-    let h = h_tag(
-        &entry("example.test", "s1", None)
-            .sign(&two)
-            .expect("signed"),
-    );
+    let h = h_tag(&entry("example.test", "s1", &[]).sign(&two).expect("signed"));
     assert_eq!(h.iter().filter(|n| *n == "from").count(), 3, "{h:?}");
 }
 
 #[test]
 fn a_header_list_without_from_still_signs_it() {
     let list = vec!["Subject".to_owned(), "subject".to_owned()];
-    let s = DomainSigner::new("example.test", "s1", ed25519(), Some(&list), None);
+    let s = DomainSigner::new("example.test", "s1", ed25519(), Some(&list), &[]);
     let h = h_tag(&s.sign(MESSAGE).expect("signed"));
     assert_eq!(h, ["subject", "from", "from"]);
 }
@@ -72,10 +69,10 @@ fn a_header_list_without_from_still_signs_it() {
 #[test]
 fn the_from_domain_picks_the_nearest_level_with_keys() {
     let signers = Signers::new(vec![
-        entry("example.test", "rsa", None),
-        entry("example.test", "ed", None),
-        entry("mail.example.test", "m", Some("acme")),
-        entry("test", "tld", None),
+        entry("example.test", "rsa", &[]),
+        entry("example.test", "ed", &[]),
+        entry("mail.example.test", "m", &["acme"]),
+        entry("test", "tld", &[]),
     ]);
     let labels = |domain: &str, ws: &str| -> Vec<String> {
         signers
@@ -113,11 +110,34 @@ fn the_from_domain_picks_the_nearest_level_with_keys() {
     assert!(labels("", "w").is_empty());
 }
 
+/// Issue 20 finding 7: a bound key never signs another workspace's mail,
+/// even when that workspace's account may use any `From:`.
+#[test]
+fn a_bound_key_signs_only_for_its_workspaces() {
+    let signers = Signers::new(vec![
+        entry("a.test", "s", &["wa"]),
+        entry("b.test", "s", &["wa", "wb"]),
+    ]);
+    let labels = |domain: &str, ws: &str| -> Vec<String> {
+        signers
+            .for_message(domain, ws)
+            .iter()
+            .map(|s| s.label())
+            .collect()
+    };
+    assert_eq!(labels("a.test", "wa"), ["a.test/s"]);
+    assert!(labels("a.test", "wc").is_empty());
+    assert!(labels("x.a.test", "wb").is_empty());
+    assert_eq!(labels("b.test", "wa"), ["b.test/s"]);
+    assert_eq!(labels("b.test", "wb"), ["b.test/s"]);
+    assert!(labels("b.test", "wc").is_empty());
+}
+
 #[test]
 fn dual_signing_writes_one_header_per_key() {
     let (a, b) = (
-        entry("example.test", "a", None),
-        entry("example.test", "b", None),
+        entry("example.test", "a", &[]),
+        entry("example.test", "b", &[]),
     );
     let both = sign_all(&[&a, &b], MESSAGE).expect("signed");
     assert_eq!(both.matches("DKIM-Signature: ").count(), 2, "{both}");

@@ -56,7 +56,12 @@ impl EndpointClient {
         let (https, rest) = match (url.strip_prefix("https://"), url.strip_prefix("http://")) {
             (Some(rest), _) => (true, rest),
             (None, Some(rest)) => (false, rest),
-            _ => return Err(format!("{url:?} is not an http:// or https:// URL")),
+            _ => {
+                return Err(format!(
+                    "{:?} is not an http:// or https:// URL",
+                    crate::config::redacted_url(url)
+                ));
+            }
         };
         let end = rest.find(['/', '?']).unwrap_or(rest.len());
         let (host_port, path) = rest.split_at(end);

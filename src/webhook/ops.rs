@@ -18,7 +18,8 @@ pub enum WebhooksCommand {
     List {
         #[arg(long, short)]
         config: PathBuf,
-        /// Only this endpoint (its `name`, default: its URL).
+        /// Only this endpoint (its `name`, default: its URL without the
+        /// query).
         #[arg(long)]
         endpoint: Option<String>,
         #[arg(long, default_value_t = 50)]
@@ -119,7 +120,7 @@ async fn run_async(command: WebhooksCommand) -> Result<(), String> {
             for d in admin.disabled().await.map_err(err)? {
                 println!(
                     "endpoint {:?} DISABLED since {}: {}",
-                    d.endpoint,
+                    shown(&d.endpoint),
                     rfc3339_millis(d.at),
                     d.reason
                 );
@@ -171,6 +172,17 @@ async fn run_async(command: WebhooksCommand) -> Result<(), String> {
     Ok(())
 }
 
+/// An endpoint's name as stored. Before names were taken from the
+/// redacted URL, an unnamed endpoint's was its whole URL, token and all:
+/// rows written then are shown redacted too.
+fn shown(endpoint: &str) -> String {
+    if endpoint.starts_with("http://") || endpoint.starts_with("https://") {
+        crate::config::redacted_url(endpoint)
+    } else {
+        endpoint.to_owned()
+    }
+}
+
 fn line(e: &EventStatus) -> String {
     let last = match (e.last_status, &e.last_error) {
         (Some(code), _) if (200..300).contains(&code) => format!("HTTP {code}"),
@@ -190,7 +202,7 @@ fn line(e: &EventStatus) -> String {
         e.state,
         e.attempts,
         e.queue_id.as_deref().unwrap_or("-"),
-        e.endpoint,
+        shown(&e.endpoint),
         last
     )
 }
