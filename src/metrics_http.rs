@@ -100,6 +100,7 @@ impl MetricsServer {
             tls: None,
             tls_handshake_timeout: door.tls_handshake_timeout,
             header_read_timeout: HEADER_READ_TIMEOUT,
+            write_timeout: door.write_timeout,
         };
         let entrance = Entrance {
             name: "metrics",

@@ -407,3 +407,38 @@ async fn wrong_api_keys_are_throttled_and_banned_everywhere() {
     );
     assert!(d.log().contains("client address banned"));
 }
+
+/// Beyond the list (found while hunting): hyper has no write timeout, so a
+/// client that pipelines requests and never reads the answers held its
+/// connection for ever once the socket buffers were full. HTTP
+/// connections now get `limits.write_timeout` as SMTP sessions do.
+#[tokio::test]
+async fn a_client_that_never_reads_is_cut_after_the_write_timeout() {
+    let d = daemon("", "write_timeout = \"1s\"", "");
+    let api = d.http.expect("http");
+    let mut s = TcpStream::connect(api).await.expect("connect");
+    let requests = 3_000;
+    let one = b"GET /v1/openapi.json HTTP/1.1\r\nHost: t\r\n\r\n";
+    let all: Vec<u8> = one.repeat(requests);
+    s.write_all(&all).await.expect("pipelined requests");
+    // Never read while the server writes; then see what it did.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut raw = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => raw.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the connection was still open");
+    let answered = raw.windows(15).filter(|w| *w == b"HTTP/1.1 200 OK").count();
+    assert!(
+        answered < requests,
+        "all {requests} answered: the server waited for the reader"
+    );
+    assert!(d.log().contains("write timed out"), "{}", d.log());
+}

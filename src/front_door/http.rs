@@ -1,8 +1,9 @@
 //! One admitted connection served as HTTP/1.1 (the API, metrics, and the
 //! console to come): the TLS handshake within its deadline, a deadline for
 //! each request's headers (an idle keep-alive connection waiting for its
-//! next request included), idle connections closed while the listener's
-//! cap is reached, and a graceful stop.
+//! next request included), each response write within its deadline (a
+//! client that stops reading is cut), idle connections closed while the
+//! listener's cap is reached, and a graceful stop.
 
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::Admitted;
 use super::timed;
+use super::write_deadline::WriteDeadline;
 
 /// How a listener's HTTP connections are bounded.
 #[derive(Clone)]
@@ -27,6 +29,8 @@ pub struct HttpConnection {
     /// A request's headers must be complete within this of the moment the
     /// connection starts waiting for them.
     pub header_read_timeout: Duration,
+    /// Each write of a response must make progress within this.
+    pub write_timeout: Duration,
 }
 
 impl HttpConnection {
@@ -36,11 +40,12 @@ impl HttpConnection {
         let gate = admitted.gate.clone();
         let (tcp, peer, slots) = admitted.into_parts();
         let app = self.app.layer(axum::Extension(ConnectInfo(peer)));
+        let timeouts = (self.header_read_timeout, self.write_timeout);
         match self.tls {
-            None => drive(tcp, app, self.header_read_timeout, &gate, stop).await,
+            None => drive(tcp, app, timeouts, &gate, stop).await,
             Some(acceptor) => {
                 match timed::handshake(acceptor, tcp, self.tls_handshake_timeout).await {
-                    Ok(stream) => drive(stream, app, self.header_read_timeout, &gate, stop).await,
+                    Ok(stream) => drive(stream, app, timeouts, &gate, stop).await,
                     Err(e) => tracing::debug!(%peer, error = %e, "HTTP TLS handshake failed"),
                 }
             }
@@ -52,7 +57,7 @@ impl HttpConnection {
 async fn drive<S>(
     stream: S,
     app: Router,
-    header_read_timeout: Duration,
+    (header_read_timeout, write_timeout): (Duration, Duration),
     gate: &super::Gate,
     mut stop: watch::Receiver<bool>,
 ) where
@@ -62,15 +67,25 @@ async fn drive<S>(
     let connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout)
-        .serve_connection(TokioIo::new(stream), service);
+        .serve_connection(
+            TokioIo::new(WriteDeadline::new(stream, write_timeout)),
+            service,
+        );
     tokio::pin!(connection);
     // Whether the connection was already asked to end after its request.
     let mut ending = false;
     loop {
         tokio::select! {
             result = connection.as_mut() => {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "HTTP connection ended with an error");
+                match result {
+                    Ok(()) => {}
+                    Err(e) if e.is_timeout() => {
+                        tracing::info!("HTTP connection closed: request headers too slow");
+                    }
+                    Err(e) if timed_out_writing(&e) => {
+                        tracing::info!(error = %e, "HTTP connection closed: write timed out, the client is not reading");
+                    }
+                    Err(e) => tracing::debug!(error = %e, "HTTP connection ended with an error"),
                 }
                 return;
             }
@@ -87,4 +102,16 @@ async fn drive<S>(
             }
         }
     }
+}
+
+/// The connection failed because [`WriteDeadline`] ran out.
+fn timed_out_writing(e: &hyper::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::TimedOut;
+        }
+        source = cause.source();
+    }
+    false
 }

@@ -22,6 +22,7 @@ pub mod load;
 pub mod per_ip;
 pub mod refuse;
 pub mod timed;
+pub mod write_deadline;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

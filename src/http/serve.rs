@@ -32,6 +32,7 @@ pub async fn run(
         tls: tls.clone(),
         tls_handshake_timeout: door.tls_handshake_timeout,
         header_read_timeout: limits.header_read_timeout,
+        write_timeout: door.write_timeout,
     };
     let entrance = Entrance {
         name: "http",
