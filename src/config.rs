@@ -196,6 +196,10 @@ pub struct RawServer {
     /// How long SIGTERM waits for in-flight sessions before closing them.
     #[serde(default = "default_shutdown_grace")]
     pub shutdown_grace: String,
+    /// Name the submitting account and workspace in `Received:` (every
+    /// recipient sees it; Postfix's `smtpd_sasl_authenticated_header`).
+    #[serde(default)]
+    pub received_auth_header: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -499,6 +503,8 @@ fn default_mx_port() -> u16 {
 pub struct Config {
     pub path: PathBuf,
     pub hostname: String,
+    /// `[server] received_auth_header`: the account in `Received:`.
+    pub received_auth_header: bool,
     pub data_dir: PathBuf,
     pub node_id: String,
     pub store: StoreBackend,
@@ -943,6 +949,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
     Config {
         path: path.to_path_buf(),
         hostname: s.hostname.clone(),
+        received_auth_header: s.received_auth_header,
         data_dir: resolve(base, &s.data_dir),
         node_id,
         store,

@@ -37,7 +37,7 @@ use crate::store::{
     Acceptance, CommitOutcome, LedgerEntry, NewLedgerEntry, NewMessage, Store, StoreError,
     UnixMillis, now_millis, queue_id,
 };
-use crate::trace::received_header;
+use crate::trace::{TraceOptions, received_header};
 use crate::webhook::Router;
 use crate::webhook::route::Accepted;
 use channel::{Channel, KeySource, Smtp};
@@ -67,6 +67,8 @@ pub struct Acceptor {
     /// `[[dkim]]` keys: a new message whose `From:` domain has one is
     /// signed before its commit.
     dkim: Arc<Signers>,
+    /// What the `Received:` header names (`[server] received_auth_header`).
+    trace: TraceOptions,
 }
 
 /// A key that passed validation, with the request's fingerprint.
@@ -99,7 +101,14 @@ impl Acceptor {
             pool,
             webhooks: Router::default(),
             dkim: Arc::new(Signers::default()),
+            trace: TraceOptions::default(),
         })
+    }
+
+    /// What the `Received:` header of each new message names.
+    pub fn with_trace(mut self, trace: TraceOptions) -> Self {
+        self.trace = trace;
+        self
     }
 
     /// Signs each new message whose `From:` domain has a key.
@@ -312,7 +321,7 @@ impl Acceptor {
         };
         let id = queue_id::next();
         let reply = channel.accepted(&id);
-        let mut trace = received_header(&sub, &self.hostname, &id, now);
+        let mut trace = received_header(&sub, &self.hostname, &id, now, self.trace);
         trace.push_str(&signed.headers);
         let idempotency_key = keyed.as_ref().map(|k| k.key.clone());
         let ledger =

@@ -13,10 +13,19 @@
 //! value is a function of the stored message and the recipient set only, so
 //! a retry after a crash sends the same bytes and is replayed, not
 //! delivered twice.
+//!
+//! The stored key is the key of the ledger entry, whichever channel it came
+//! from; the body's own key header is kept only when it says the same. An
+//! HTTP submission's key is its `Idempotency-Key` request header: a JSON
+//! body has no key header at all, and a raw body's may say anything (or be
+//! there without a request key). Either way the next hop gets the ledger's
+//! key (or `smtp-once-<queue-id>`), never one the client chose apart from
+//! it. Over SMTP the stored key is read from the body, so its bytes go out
+//! unchanged.
 
 use sha2::{Digest, Sha256};
 
-use crate::idempotency::key::{HEADER_NAME, MAX_KEY_CHARS, field_spans};
+use crate::idempotency::key::{HEADER_NAME, MAX_KEY_CHARS, extract_key, field_spans};
 
 /// The key for a transaction to `subset` of the message's `all` recipients.
 pub fn hop_key(
@@ -50,7 +59,7 @@ pub fn relayed(
     let key = hop_key(queue_id, submitter_key, all, subset);
     let mut out = Vec::with_capacity(trace.len() + key.len() + body.len() + 32);
     out.extend_from_slice(trace.as_bytes());
-    if submitter_key == Some(key.as_str()) {
+    if submitter_key == Some(key.as_str()) && body_key(body).as_deref() == Some(key.as_str()) {
         // The body carries the key already, byte for byte as submitted.
         out.extend_from_slice(body);
         return out;
@@ -77,6 +86,11 @@ pub fn relayed(
     }
     out.extend_from_slice(body.get(pos..).unwrap_or_default());
     out
+}
+
+/// The key the body's own header names, if it names exactly one.
+fn body_key(body: &[u8]) -> Option<String> {
+    extract_key(body).ok().flatten()
 }
 
 fn same_set(a: &[String], b: &[String]) -> bool {
@@ -165,6 +179,24 @@ mod tests {
         let text = String::from_utf8(first).unwrap();
         assert_eq!(text.matches("dempotency-Key").count(), 1, "{text}");
         assert!(text.ends_with("Subject: s\r\n\r\nhi\r\n"), "{text}");
+    }
+
+    #[test]
+    fn a_stored_key_the_body_does_not_carry_is_written() {
+        // HTTP: the key came from `Idempotency-Key`; a JSON-built body has
+        // no key header, a raw one may name another key.
+        let all = v(&["a@x"]);
+        for body in [
+            &b"Subject: s\r\n\r\nhi\r\n"[..],
+            b"X-Bird-Idempotency-Key: theirs\r\nSubject: s\r\n\r\nhi\r\n",
+            b"X-Bird-Idempotency-Key: k1\r\nX-Bird-Idempotency-Key: theirs\r\n\r\nhi\r\n",
+        ] {
+            let out = relayed("Q1", TRACE, body, Some("k1"), &all, &all);
+            let text = String::from_utf8(out.clone()).unwrap();
+            assert_eq!(extract_key(&out), Ok(Some("k1".into())), "{text}");
+            assert_eq!(text.matches("dempotency-Key").count(), 1, "{text}");
+            assert!(text.ends_with("\r\n\r\nhi\r\n"), "{text}");
+        }
     }
 
     #[test]
