@@ -36,7 +36,8 @@ use crate::store::Store;
 const MAX_CONNECTIONS: usize = 32;
 /// A request's headers must arrive within this.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a `/readyz` answer is given again without asking the store.
+/// How long a `/readyz` answer (and the queue's depth on `/metrics`) is
+/// given again without asking the store.
 pub const READY_CACHE: Duration = Duration::from_secs(1);
 
 /// The listener's settings, in plain values.
@@ -52,6 +53,9 @@ struct Shared {
     /// The last readiness answer and when it was taken; the lock also
     /// makes concurrent probes share one store round trip.
     ready: Mutex<Option<(Instant, Result<(), String>)>>,
+    /// When the queue was last counted: scrapes in numbers (the listener
+    /// may be open to more than Prometheus) count it once a second at most.
+    depth_read_at: Mutex<Option<Instant>>,
 }
 
 /// Longest a probe or a scrape waits for the store; a store that does not
@@ -93,6 +97,7 @@ impl MetricsServer {
             store,
             token: options.token,
             ready: Mutex::new(None),
+            depth_read_at: Mutex::new(None),
         }));
         let (stop, stopped) = watch::channel(false);
         let connection = HttpConnection {
@@ -169,24 +174,12 @@ async fn scrape(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Respon
     }
     let store = &shared.store;
     let m = metrics::global();
-    // A store that cannot be read leaves the last values in place (its
-    // trouble shows on /readyz and in the submission outcomes).
-    match tokio::time::timeout(STORE_TIMEOUT, store.queue_depth()).await {
-        Ok(Ok(depth)) => {
-            let counts: Vec<(&'static str, u64)> = depth
-                .counts
-                .iter()
-                .map(|(state, n)| (state.as_str(), *n))
-                .filter(|(state, _)| QUEUE_STATES.contains(state))
-                .collect();
-            // Milliseconds to seconds: exact far beyond any queue's age.
-            #[allow(clippy::cast_precision_loss)]
-            let oldest = depth.oldest_age_ms.map_or(0.0, |ms| ms as f64 / 1000.0);
-            m.queue_depth(&counts, oldest);
-        }
-        Ok(Err(e)) => tracing::debug!(error = %e, "metrics: cannot read the queue depth"),
-        Err(_) => tracing::debug!("metrics: queue depth read timed out"),
+    let mut read_at = shared.depth_read_at.lock().await;
+    if read_at.is_none_or(|at| at.elapsed() >= READY_CACHE) {
+        count_queue(store, m).await;
+        *read_at = Some(Instant::now());
     }
+    drop(read_at);
     match m.render() {
         Ok(text) => ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response(),
         Err(e) => (
@@ -218,5 +211,27 @@ async fn ready(State(shared): State<Arc<Shared>>) -> Response {
     match answer {
         Ok(()) => (StatusCode::OK, "ready\n").into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")).into_response(),
+    }
+}
+
+/// Reads the queue's depth into the gauges.
+async fn count_queue(store: &Arc<dyn Store>, m: &metrics::Metrics) {
+    // A store that cannot be read leaves the last values in place (its
+    // trouble shows on /readyz and in the submission outcomes).
+    match tokio::time::timeout(STORE_TIMEOUT, store.queue_depth()).await {
+        Ok(Ok(depth)) => {
+            let counts: Vec<(&'static str, u64)> = depth
+                .counts
+                .iter()
+                .map(|(state, n)| (state.as_str(), *n))
+                .filter(|(state, _)| QUEUE_STATES.contains(state))
+                .collect();
+            // Milliseconds to seconds: exact far beyond any queue's age.
+            #[allow(clippy::cast_precision_loss)]
+            let oldest = depth.oldest_age_ms.map_or(0.0, |ms| ms as f64 / 1000.0);
+            m.queue_depth(&counts, oldest);
+        }
+        Ok(Err(e)) => tracing::debug!(error = %e, "metrics: cannot read the queue depth"),
+        Err(_) => tracing::debug!("metrics: queue depth read timed out"),
     }
 }

@@ -116,9 +116,17 @@ async fn values_move_with_connections_commits_queue_and_auth_failures() {
     assert_eq!(c.auth_plain("alice", "wrong").await.code, 535);
     c.quit().await;
 
-    let after = scrape_until(&d, "connections to close", 10, |text| {
-        value(text, "smtp_once_smtp_connections_active") == 0.0
-    })
+    // The queue is counted once a second at most (a scrape within a second
+    // of the last shows the last count).
+    let after = scrape_until(
+        &d,
+        "connections to close and the queue recount",
+        10,
+        |text| {
+            value(text, "smtp_once_smtp_connections_active") == 0.0
+                && value(text, r#"smtp_once_queue_messages{state="queued"}"#) == 2.0
+        },
+    )
     .await;
     let v = |s: &str| value(&after, s);
     assert_eq!(v("smtp_once_smtp_connections_total"), 5.0, "{after}");
