@@ -25,6 +25,7 @@ pub mod server;
 pub mod smtp;
 pub mod smtp_client;
 pub mod store;
+pub mod submission;
 pub mod terminal;
 pub mod tls;
 pub mod trace;

@@ -7,7 +7,7 @@
 //! part of any fingerprint: it is stored beside the body, in the trace.
 
 use crate::address::ForwardPath;
-use crate::smtp::session::Submission;
+use crate::submission::Submission;
 use crate::store::UnixMillis;
 
 /// What the `Received:` header says beyond the hop itself.

@@ -18,7 +18,8 @@ use smtp_once::idempotency::key::{
 use smtp_once::idempotency::volatile::VolatileHeaders;
 use smtp_once::smtp::content_check::check_content;
 use smtp_once::smtp::path_command::{parse_mail, parse_rcpt};
-use smtp_once::smtp::session::{Action, Session, SessionConfig, Submission};
+use smtp_once::smtp::session::{Action, Session, SessionConfig};
+use smtp_once::submission::Submission;
 
 // ---------------------------------------------------------------- session
 

@@ -10,7 +10,7 @@ use crate::idempotency::key::{KeyError, MAX_KEY_CHARS, extract_key};
 use crate::idempotency::mime_limits::{self, MimeLimitError, MimeLimits};
 use crate::idempotency::volatile::VolatileHeaders;
 use crate::smtp::reply::Reply;
-use crate::smtp::session::Submission;
+use crate::submission::Submission;
 
 use super::channel::KeySource;
 use super::from_header::{self, FromError};

@@ -32,7 +32,7 @@ use crate::idempotency::mime_limits::MimeLimits;
 use crate::idempotency::volatile::VolatileHeaders;
 use crate::metrics::{self, Outcome};
 use crate::smtp::reply::Reply;
-use crate::smtp::session::Submission;
+use crate::submission::Submission;
 use crate::store::{
     Acceptance, CommitOutcome, LedgerEntry, NewLedgerEntry, NewMessage, Store, StoreError,
     UnixMillis, now_millis, queue_id,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::{Acceptor, INLINE_MAX, from_header};
 use crate::dkim::signer::sign_all;
 use crate::dkim::{DomainSigner, SignError, Signers};
-use crate::smtp::session::Submission;
+use crate::submission::Submission;
 
 use super::pool::PoolError;
 

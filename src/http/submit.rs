@@ -17,7 +17,7 @@ use super::{Api, respond};
 use crate::accept::channel::KeySource;
 use crate::address::ReversePath;
 use crate::metrics::{self, Outcome};
-use crate::smtp::session::Submission;
+use crate::submission::Submission;
 
 pub async fn submit(
     State(api): State<Arc<Api>>,

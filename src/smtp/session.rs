@@ -19,6 +19,7 @@ use crate::smtp::content_check::ContentCheck;
 use crate::smtp::message_buffer::MessageBuffer;
 use crate::smtp::path_command::{self, CommandError, Verb};
 use crate::smtp::reply::Reply;
+use crate::submission::Submission;
 
 mod intake;
 
@@ -58,19 +59,6 @@ pub enum Action {
     Submit(Box<Submission>),
     /// Flush the output and close the connection.
     Close,
-}
-
-/// A complete message with its envelope, handed to the acceptance pipeline.
-#[derive(Debug)]
-pub struct Submission {
-    pub submitter: Submitter,
-    pub helo: String,
-    pub peer: SocketAddr,
-    pub tls: bool,
-    pub reverse_path: String,
-    pub recipients: Vec<String>,
-    /// The message as received, dot-unstuffed, without our trace header.
-    pub content: Vec<u8>,
 }
 
 #[derive(Debug)]
