@@ -35,6 +35,8 @@ pub struct Api {
     pub max_message_size: usize,
     pub max_recipients: usize,
     pub tls: bool,
+    /// `server.hostname`: the right-hand side of a composed `Message-ID`.
+    pub hostname: String,
 }
 
 /// The OpenAPI document, checked in beside the code that serves it.
@@ -143,6 +145,7 @@ pub async fn start(
         max_message_size: config.max_message_size,
         max_recipients: config.max_recipients,
         tls: settings.tls,
+        hostname: config.hostname.clone(),
     });
     let limits = serve::Limits {
         max_connections: config.max_connections,

@@ -109,7 +109,7 @@ async fn handle(
         }
         "application/json" => {
             let hash: [u8; 32] = Sha256::digest(&body).into();
-            (compose::from_json(&body), Some(hash))
+            (compose::from_json(&body, &api.hostname), Some(hash))
         }
         _ => {
             return invalid(
