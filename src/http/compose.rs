@@ -109,7 +109,7 @@ pub fn from_json(body: &[u8], hostname: &str) -> Result<Composed, ComposeError> 
         // `Text`: RFC 2047-encoded when not plain ASCII.
         builder = builder.subject(subject.as_str());
     }
-    let mut has_message_id = false;
+    let mut stamped_given = Vec::new();
     for (name, value) in &m.headers {
         let valid_name = !name.is_empty()
             && name.len() <= MAX_HEADER_NAME
@@ -127,10 +127,15 @@ pub fn from_json(body: &[u8], hostname: &str) -> Result<Composed, ComposeError> 
         }
         header_text(&format!("header {name:?}"), value)?;
         let name = match STAMPED.iter().find(|s| s.eq_ignore_ascii_case(name)) {
-            Some(stamped) => (*stamped).to_owned(),
+            Some(stamped) if stamped_given.contains(stamped) => {
+                return Err(invalid(format!("header {stamped:?} is given twice")));
+            }
+            Some(stamped) => {
+                stamped_given.push(stamped);
+                (*stamped).to_owned()
+            }
             None => name.clone(),
         };
-        has_message_id |= name == "Message-ID";
         builder = if value.is_ascii() {
             // As given (folded at whitespace only): structured values such
             // as `List-Unsubscribe: <https://...>` stay intact.
@@ -139,7 +144,7 @@ pub fn from_json(body: &[u8], hostname: &str) -> Result<Composed, ComposeError> 
             builder.header(name, Text::new(value.clone()))
         };
     }
-    if !has_message_id {
+    if !stamped_given.contains(&"Message-ID") {
         builder = builder.message_id(message_id(hostname));
     }
     if let Some(text) = &m.text {

@@ -210,6 +210,10 @@ fn message_id_uses_the_configured_hostname_once() {
     assert_eq!(section.matches("message-id:").count(), 1, "{section}");
     assert_eq!(section.matches("\r\ndate:").count(), 1, "{section}");
     assert!(section.contains("message-id: <mine@app.test>"), "{section}");
+    let twice = br#"{"from": "a@x.test", "to": ["b@x.test"], "text": "t",
+                     "headers": {"Date": "x", "date": "y"}}"#;
+    let e = from_json(twice, HOST).expect_err("two dates");
+    assert!(e.to_string().contains("given twice"), "{e}");
 }
 
 /// The headers carry the addresses as validated: a source route is not
