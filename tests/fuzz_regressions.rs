@@ -66,3 +66,8 @@ fn config() {
 fn address() {
     replay("address", glue::address);
 }
+
+#[test]
+fn compose() {
+    replay("compose", glue::compose);
+}

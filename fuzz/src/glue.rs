@@ -11,6 +11,7 @@ use smtp_once::address::parse as parse_address;
 use smtp_once::auth::{Account, AuthOutcome, SenderPattern, Submitter};
 use smtp_once::budget::InFlightBudget;
 use smtp_once::config::Config;
+use smtp_once::http::compose::from_json as compose_json;
 use smtp_once::idempotency::fingerprint::fingerprint as message_fingerprint;
 use smtp_once::idempotency::key::{
     MAX_KEY_CHARS, extract_key, header_section_len, top_level_headers,
@@ -361,4 +362,149 @@ fn check_emitted(path: &str) {
         }
     }
     assert!(!in_quote, "unbalanced quote re-emitted: {path:?}");
+}
+
+// ---------------------------------------------------------------- compose
+
+/// First input byte of the `compose` target: which fields the request has.
+/// A field not fuzzed gets a valid fixed value, so most inputs reach the
+/// builder instead of stopping at address validation.
+const FUZZED_FROM: u8 = 1;
+const HAS_SUBJECT: u8 = 1 << 1;
+const HAS_TEXT: u8 = 1 << 2;
+const HAS_HTML: u8 = 1 << 3;
+const FUZZED_TO: u8 = 1 << 4;
+const HAS_CC: u8 = 1 << 5;
+const HAS_BCC: u8 = 1 << 6;
+/// The rest is the request body as it is (the JSON parser's side).
+const RAW_JSON: u8 = 1 << 7;
+/// Fields are cut at this byte (never in UTF-8, so any text fits between).
+const FIELD_MARK: u8 = 0xFF;
+
+/// Headers the composer writes from the fields, whatever the input.
+const COMPOSED_HEADERS: &[&str] = &[
+    "from",
+    "to",
+    "cc",
+    "subject",
+    "date",
+    "message-id",
+    "mime-version",
+    "content-type",
+    "content-transfer-encoding",
+];
+
+/// The HTTP API's JSON composer (`http::compose::from_json`) on requests
+/// built from arbitrary bytes: the first byte says which fields there are,
+/// the rest is cut at every 0xFF into their text (lossy UTF-8, so any
+/// control character can appear), in the order from, to, cc, bcc, subject,
+/// text, html, then name and value of each custom header. Checks (issue 20
+/// finding 1): whatever it accepts has no header the input did not name,
+/// exactly one `From`, `Date`, `Message-ID` and `MIME-Version`, no `Bcc`,
+/// and no bare CR, bare LF or NUL anywhere.
+pub fn compose(data: &[u8]) {
+    let Some((&flags, rest)) = data.split_first() else {
+        return;
+    };
+    let body = if flags & RAW_JSON != 0 {
+        rest.to_vec()
+    } else {
+        compose_request(flags, rest).to_string().into_bytes()
+    };
+    trace("json:", &body);
+    let Ok(composed) = compose_json(&body, "relay.fuzz.test") else {
+        return;
+    };
+    let out = &composed.content;
+    trace("built:", out);
+    if let Err(fault) = check_content(out) {
+        panic!("{fault:?} in {:?}", String::from_utf8_lossy(out));
+    }
+    let named: Vec<String> = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("headers").and_then(|h| h.as_object()).cloned())
+        .map(|h| h.keys().map(|k| k.to_ascii_lowercase()).collect())
+        .unwrap_or_default();
+    let end = memchr_find(out, b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header section end: {:?}", String::from_utf8_lossy(out)));
+    let mut counts = std::collections::HashMap::<String, usize>::new();
+    for line in out[..end].split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if matches!(line.first(), Some(b' ' | b'\t')) {
+            continue;
+        }
+        let colon = line.iter().position(|&b| b == b':').unwrap_or_else(|| {
+            panic!(
+                "header line without a colon {:?} in {:?}",
+                String::from_utf8_lossy(line),
+                String::from_utf8_lossy(out)
+            )
+        });
+        let name = String::from_utf8_lossy(&line[..colon]).to_ascii_lowercase();
+        assert!(
+            COMPOSED_HEADERS.contains(&name.as_str()) || named.contains(&name),
+            "header {name:?} the input did not name: {:?}",
+            String::from_utf8_lossy(out)
+        );
+        *counts.entry(name).or_default() += 1;
+    }
+    for once in ["from", "date", "message-id", "mime-version"] {
+        assert_eq!(
+            counts.get(once),
+            Some(&1),
+            "{once} not exactly once: {:?}",
+            String::from_utf8_lossy(out)
+        );
+    }
+    assert!(!counts.contains_key("bcc"), "Bcc in the headers");
+}
+
+fn compose_request(flags: u8, rest: &[u8]) -> serde_json::Value {
+    let mut fields = rest
+        .split(|&b| b == FIELD_MARK)
+        .map(|f| String::from_utf8_lossy(f).into_owned());
+    let mut next = || fields.next().unwrap_or_default();
+    let mut request = serde_json::Map::new();
+    let from = if flags & FUZZED_FROM != 0 {
+        next()
+    } else {
+        "app@example.test".into()
+    };
+    request.insert("from".into(), from.into());
+    let to = if flags & FUZZED_TO != 0 {
+        next()
+    } else {
+        "b@example.test".into()
+    };
+    request.insert("to".into(), serde_json::json!([to]));
+    for (flag, field) in [
+        (HAS_CC, "cc"),
+        (HAS_BCC, "bcc"),
+        (HAS_SUBJECT, "subject"),
+        (HAS_TEXT, "text"),
+        (HAS_HTML, "html"),
+    ] {
+        if flags & flag != 0 {
+            let value = next();
+            let value = match field {
+                "cc" | "bcc" => serde_json::json!([value]),
+                _ => value.into(),
+            };
+            request.insert(field.into(), value);
+        }
+    }
+    let mut headers = serde_json::Map::new();
+    let rest: Vec<String> = fields.collect();
+    for pair in rest.chunks(2) {
+        let value = pair.get(1).cloned().unwrap_or_default();
+        headers.insert(pair[0].clone(), value.into());
+    }
+    if !headers.is_empty() {
+        request.insert("headers".into(), headers.into());
+    }
+    serde_json::Value::Object(request)
+}
+
+fn memchr_find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
 }

@@ -8,6 +8,7 @@
 use crate::idempotency::decision::{conflict_reply, replay_reply};
 use crate::idempotency::key::KeyError;
 use crate::idempotency::mime_limits::MimeLimitError;
+use crate::smtp::content_check::ContentFault;
 use crate::smtp::reply::Reply;
 use crate::store::LedgerEntry;
 
@@ -52,6 +53,8 @@ pub trait Channel: Send + Sync {
     fn bad_key(&self, error: &KeyError) -> Vec<u8>;
     /// The MIME structure is over the server's limits.
     fn over_limits(&self, error: &MimeLimitError) -> Vec<u8>;
+    /// The content breaks the one content rule (bare CR or LF, NUL).
+    fn content_refused(&self, fault: &ContentFault) -> Vec<u8>;
     /// The message could not be analysed (an internal failure).
     fn analysis_failed(&self) -> Vec<u8>;
     /// The DKIM signature could not be made; nothing was queued.
@@ -120,6 +123,11 @@ impl Channel for Smtp {
             &format!("Message refused: {error} (server limit)"),
         )
         .to_bytes()
+    }
+
+    fn content_refused(&self, fault: &ContentFault) -> Vec<u8> {
+        // What the session answers at DATA or BDAT for the same bytes.
+        Reply::new(554, "5.6.0", fault.smtp_text()).to_bytes()
     }
 
     fn analysis_failed(&self) -> Vec<u8> {

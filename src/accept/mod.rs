@@ -31,6 +31,7 @@ use crate::idempotency::key_hash;
 use crate::idempotency::mime_limits::MimeLimits;
 use crate::idempotency::volatile::VolatileHeaders;
 use crate::metrics::{self, Outcome};
+use crate::smtp::content_check::check_content;
 use crate::smtp::reply::Reply;
 use crate::submission::Submission;
 use crate::store::{
@@ -156,20 +157,28 @@ impl Acceptor {
         let workspace = sub.submitter.workspace().to_owned();
         let peer = sub.peer;
         let limits = self.mime_limits;
+        // The content rule first (every channel, the message as stored),
+        // then the facts; both read the whole message.
         let looked_at = if sub.content.len() <= INLINE_MAX {
-            let facts = Facts::of(&sub, &source, &limits, &self.volatile);
+            let facts = check_content(&sub.content)
+                .map(|()| Facts::of(&sub, &source, &limits, &self.volatile));
             Ok((sub, source, facts))
         } else {
             let volatile = Arc::clone(&self.volatile);
             self.pool
                 .run(move || {
-                    let facts = Facts::of(&sub, &source, &limits, &volatile);
+                    let facts = check_content(&sub.content)
+                        .map(|()| Facts::of(&sub, &source, &limits, &volatile));
                     (sub, source, facts)
                 })
                 .await
         };
         let (sub, source, facts) = match looked_at {
-            Ok(done) => done,
+            Ok((sub, source, Ok(facts))) => (sub, source, facts),
+            Ok((_, _, Err(fault))) => {
+                tracing::info!(%workspace, %peer, %fault, "refused: content rule");
+                return (channel.content_refused(&fault), Outcome::Invalid);
+            }
             Err(e) => {
                 tracing::error!(%workspace, %peer, error = %e, "not accepted: message analysis failed");
                 return (channel.analysis_failed(), Outcome::Unavailable);

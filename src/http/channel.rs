@@ -8,6 +8,7 @@ use serde_json::json;
 use crate::accept::channel::Channel;
 use crate::idempotency::key::KeyError;
 use crate::idempotency::mime_limits::MimeLimitError;
+use crate::smtp::content_check::ContentFault;
 use crate::smtp::reply::Reply;
 use crate::store::LedgerEntry;
 
@@ -137,6 +138,10 @@ impl Channel for Http {
             "MimeLimits",
             &format!("message refused: {error_} (server limit)"),
         )
+    }
+
+    fn content_refused(&self, fault: &ContentFault) -> Vec<u8> {
+        error(422, "BadContent", &format!("message refused: {fault}"))
     }
 
     fn analysis_failed(&self) -> Vec<u8> {

@@ -2,10 +2,13 @@
 //! (`message/rfc822`) with the envelope from the query or the headers, or
 //! JSON built into MIME with mail-builder.
 
+mod bcc;
+
 use std::borrow::Cow;
 
 use mail_builder::MessageBuilder;
 use mail_builder::headers::raw::Raw;
+use mail_builder::headers::text::Text;
 use serde::Deserialize;
 
 use crate::address::{ForwardPath, ReversePath};
@@ -62,50 +65,93 @@ const RESERVED: &[&str] = &[
     "x-bird-idempotency-key",
 ];
 
-pub fn from_json(body: &[u8]) -> Result<Composed, ComposeError> {
+/// Header names the builder checks by exact spelling before stamping its
+/// own: a client's `date` or `message-id` is written under this spelling,
+/// so that it replaces the stamped one instead of adding a second.
+const STAMPED: &[&str] = &["Date", "Message-ID"];
+
+/// Longer header names are refused: mail-builder's RFC 2047 writer starts a
+/// value on a new line without folding whitespace when the name alone fills
+/// the first line, which would make the value a header of its own.
+const MAX_HEADER_NAME: usize = 64;
+
+/// `hostname` is the relay's `server.hostname`: the right-hand side of the
+/// `Message-ID` made for the message (when the request gives none).
+pub fn from_json(body: &[u8], hostname: &str) -> Result<Composed, ComposeError> {
     let m: JsonMessage =
         serde_json::from_slice(body).map_err(|e| invalid(format!("JSON body: {e}")))?;
     let reverse_path = reverse_path(&m.from, "from")?;
-    let mut recipients = Vec::new();
-    for (field, list) in [("to", &m.to), ("cc", &m.cc), ("bcc", &m.bcc)] {
-        for address in list {
-            recipients.push(forward_path(address, field)?);
+    // Header lines carry the addresses as validated (no control, space or
+    // bracket outside quotes, source route dropped), never the raw strings.
+    let mut lists: [(&str, Vec<String>); 3] = [("to", vec![]), ("cc", vec![]), ("bcc", vec![])];
+    for ((field, paths), given) in lists.iter_mut().zip([&m.to, &m.cc, &m.bcc]) {
+        for address in given {
+            paths.push(forward_path(address, field)?);
         }
     }
+    let [(_, to), (_, cc), (_, bcc)] = lists;
+    let recipients: Vec<String> = to.iter().chain(&cc).chain(&bcc).cloned().collect();
     if recipients.is_empty() {
         return Err(invalid("no recipient: give at least one of to, cc, bcc"));
     }
     if m.text.is_none() && m.html.is_none() {
         return Err(invalid("no body: give text, html or both"));
     }
-    let mut builder = MessageBuilder::new().from(m.from.as_str());
-    if !m.to.is_empty() {
-        builder = builder.to(m.to.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut builder = MessageBuilder::new().from(reverse_path.as_str());
+    if !to.is_empty() {
+        builder = builder.to(to.iter().map(String::as_str).collect::<Vec<_>>());
     }
-    if !m.cc.is_empty() {
-        builder = builder.cc(m.cc.iter().map(String::as_str).collect::<Vec<_>>());
+    if !cc.is_empty() {
+        builder = builder.cc(cc.iter().map(String::as_str).collect::<Vec<_>>());
     }
     if let Some(subject) = &m.subject {
+        header_text("subject", subject)?;
+        // `Text`: RFC 2047-encoded when not plain ASCII.
         builder = builder.subject(subject.as_str());
     }
+    let mut stamped_given = Vec::new();
     for (name, value) in &m.headers {
-        let valid_name =
-            !name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic() && b != b':');
-        if !valid_name || value.contains(['\r', '\n']) {
-            return Err(invalid(format!("header {name:?}: not a valid header")));
+        let valid_name = !name.is_empty()
+            && name.len() <= MAX_HEADER_NAME
+            && name.bytes().all(|b| b.is_ascii_graphic() && b != b':');
+        if !valid_name {
+            return Err(invalid(format!(
+                "header {name:?}: not a valid header name (1 to {MAX_HEADER_NAME} visible \
+                 ASCII characters, no colon)"
+            )));
         }
         if RESERVED.contains(&name.to_ascii_lowercase().as_str()) {
             return Err(invalid(format!(
                 "header {name:?} is set from the message's fields or by the relay"
             )));
         }
-        builder = builder.header(Cow::Owned(name.clone()), Raw::new(value.clone()));
+        header_text(&format!("header {name:?}"), value)?;
+        let name = match STAMPED.iter().find(|s| s.eq_ignore_ascii_case(name)) {
+            Some(stamped) if stamped_given.contains(stamped) => {
+                return Err(invalid(format!("header {stamped:?} is given twice")));
+            }
+            Some(stamped) => {
+                stamped_given.push(stamped);
+                (*stamped).to_owned()
+            }
+            None => name.clone(),
+        };
+        builder = if value.is_ascii() {
+            // As given (folded at whitespace only): structured values such
+            // as `List-Unsubscribe: <https://...>` stay intact.
+            builder.header(name, Raw::new(value.clone()))
+        } else {
+            builder.header(name, Text::new(value.clone()))
+        };
+    }
+    if !stamped_given.contains(&"Message-ID") {
+        builder = builder.message_id(message_id(hostname));
     }
     if let Some(text) = &m.text {
-        builder = builder.text_body(text.as_str());
+        builder = builder.text_body(body_text("text", text)?);
     }
     if let Some(html) = &m.html {
-        builder = builder.html_body(html.as_str());
+        builder = builder.html_body(body_text("html", html)?);
     }
     let content = builder
         .write_to_vec()
@@ -115,6 +161,52 @@ pub fn from_json(body: &[u8]) -> Result<Composed, ComposeError> {
         recipients,
         content,
     })
+}
+
+/// A fresh `Message-ID` right-hand side under the relay's own name (not the
+/// OS host name mail-builder would use).
+fn message_id(hostname: &str) -> String {
+    format!("{}@{hostname}", uuid::Uuid::now_v7().simple())
+}
+
+/// Text that goes into a header: no control character but TAB. CR and LF
+/// would end the header and start another (header injection); NUL, DEL and
+/// the C1 controls are not text (RFC 5322 2.2). Non-ASCII is fine: the
+/// builder encodes it (RFC 2047).
+fn header_text(field: &str, value: &str) -> Result<(), ComposeError> {
+    match value.chars().position(|c| c.is_control() && c != '\t') {
+        None => Ok(()),
+        Some(at) => {
+            let c = value.chars().nth(at).map_or(0, u32::from);
+            Err(invalid(format!(
+                "{field}: control character U+{c:04X} at character {at}: header text cannot \
+                 hold CR, LF, NUL or other control characters"
+            )))
+        }
+    }
+}
+
+/// A `text` or `html` body with every line ending (CRLF, bare LF, bare CR)
+/// made CRLF, as the content rule wants; NUL is refused (not text).
+fn body_text<'a>(field: &str, text: &'a str) -> Result<Cow<'a, str>, ComposeError> {
+    if let Some(at) = text.find('\0') {
+        return Err(invalid(format!(
+            "{field}: NUL character at byte {at}: the body must be text"
+        )));
+    }
+    if !text.contains(['\r', '\n']) {
+        return Ok(Cow::Borrowed(text));
+    }
+    let mut out = String::with_capacity(text.len() + text.len() / 32);
+    let mut rest = text;
+    while let Some(at) = rest.find(['\r', '\n']) {
+        out.push_str(&rest[..at]);
+        out.push_str("\r\n");
+        let skip = if rest[at..].starts_with("\r\n") { 2 } else { 1 };
+        rest = &rest[at + skip..];
+    }
+    out.push_str(rest);
+    Ok(Cow::Owned(out))
 }
 
 /// A raw message; the envelope from `from` and `to` when given, else from
@@ -160,6 +252,13 @@ pub fn from_raw(
     if recipients.is_empty() {
         return Err(invalid("no recipient: give ?to= or To:/Cc: headers"));
     }
+    // With ?to= the envelope is the request's: a Bcc: header would only
+    // show every recipient who was blind-copied.
+    let content = if to.is_empty() {
+        content
+    } else {
+        bcc::strip_bcc(content)
+    };
     Ok(Composed {
         reverse_path,
         recipients,
@@ -180,57 +279,5 @@ fn forward_path(address: &str, field: &str) -> Result<String, ComposeError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn json_becomes_mime_with_bcc_only_in_the_envelope() {
-        let c = from_json(
-            br#"{"from": "app@example.test", "to": ["a@x.test"], "bcc": ["b@x.test"],
-                 "subject": "Hi", "text": "hello", "headers": {"X-Tag": "t1"}}"#,
-        )
-        .expect("composed");
-        assert_eq!(c.reverse_path, "app@example.test");
-        assert_eq!(c.recipients, ["a@x.test", "b@x.test"]);
-        let text = String::from_utf8_lossy(&c.content);
-        assert!(text.contains("Subject: Hi"), "{text}");
-        assert!(text.contains("X-Tag: t1"), "{text}");
-        assert!(!text.to_ascii_lowercase().contains("bcc"), "{text}");
-    }
-
-    #[test]
-    fn bad_json_is_refused_with_a_reason() {
-        for (body, why) in [
-            (&br#"{"from": "a@x.test", "text": "t"}"#[..], "no recipient"),
-            (br#"{"from": "a@x.test", "to": ["b@x.test"]}"#, "no body"),
-            (br#"{"from": "not an address", "to": ["b@x.test"], "text": "t"}"#, "from"),
-            (
-                br#"{"from": "a@x.test", "to": ["b@x.test"], "text": "t", "headers": {"Bcc": "c@x.test"}}"#,
-                "Bcc",
-            ),
-            (
-                br#"{"from": "a@x.test", "to": ["b@x.test"], "text": "t", "headers": {"X-A": "1\r\nBcc: c@x.test"}}"#,
-                "not a valid header",
-            ),
-            (br#"{"from": 5}"#, "JSON body"),
-        ] {
-            let e = from_json(body).expect_err("refused").to_string();
-            assert!(e.contains(why), "{e}");
-        }
-    }
-
-    #[test]
-    fn raw_envelope_from_query_or_headers() {
-        let msg = b"From: A <a@x.test>\r\nTo: b@x.test, C <c@x.test>\r\nSubject: s\r\n\r\nbody\r\n"
-            .to_vec();
-        let c = from_raw(msg.clone(), None, &[]).expect("from headers");
-        assert_eq!(
-            (c.reverse_path.as_str(), c.recipients.len()),
-            ("a@x.test", 2)
-        );
-        let c = from_raw(msg, Some("s@x.test"), &["d@x.test".into()]).expect("from query");
-        assert_eq!(c.recipients, ["d@x.test"]);
-        let bcc = b"From: a@x.test\r\nBcc: z@x.test\r\n\r\nbody\r\n".to_vec();
-        assert!(from_raw(bcc, None, &[]).is_err());
-    }
-}
+#[path = "compose_tests.rs"]
+mod tests;

@@ -45,6 +45,8 @@ pub struct Api {
     /// The node's in-flight budget, shared with SMTP message buffers.
     pub budget: Arc<InFlightBudget>,
     pub body: BodyLimits,
+    /// `server.hostname`: the right-hand side of a composed `Message-ID`.
+    pub hostname: String,
 }
 
 /// The OpenAPI document, checked in beside the code that serves it.
@@ -188,6 +190,7 @@ pub async fn start(
             grace: settings.body_timeout,
             min_rate: settings.min_body_rate,
         },
+        hostname: config.hostname.clone(),
     });
     let limits = serve::Limits {
         max_connections: config.max_connections,

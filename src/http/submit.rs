@@ -136,7 +136,7 @@ async fn handle(api: Arc<Api>, peer: SocketAddr, request: Request) -> Response {
         }
         "application/json" => {
             let hash: [u8; 32] = Sha256::digest(&body).into();
-            (compose::from_json(&body), Some(hash))
+            (compose::from_json(&body, &api.hostname), Some(hash))
         }
         _ => {
             return invalid(

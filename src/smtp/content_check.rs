@@ -23,6 +23,30 @@ pub enum ContentFault {
     },
 }
 
+impl ContentFault {
+    /// The reply text for the fault, the same whichever channel saw it.
+    pub fn smtp_text(&self) -> &'static str {
+        match self {
+            Self::BareLineEnding { .. } => {
+                "Message contains a bare CR or LF; lines must end with CRLF"
+            }
+            Self::Nul { .. } => "Message contains a NUL byte",
+        }
+    }
+}
+
+impl std::fmt::Display for ContentFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::BareLineEnding { offset } => write!(
+                f,
+                "the message has a bare CR or LF at byte {offset}: lines must end in CRLF"
+            ),
+            Self::Nul { offset } => write!(f, "the message has a NUL byte at byte {offset}"),
+        }
+    }
+}
+
 /// Streaming checker: feed it every byte of one message, in any chunks.
 #[derive(Debug, Default)]
 pub struct ContentCheck {
