@@ -9,6 +9,7 @@ pub mod bench;
 pub mod budget;
 pub mod cli;
 pub mod config;
+pub mod content_check;
 pub mod delivery;
 pub mod dkim;
 pub mod event_type;

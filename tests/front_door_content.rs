@@ -7,7 +7,7 @@ mod common;
 
 use common::http::{Request, Response};
 use common::{Daemon, Options, api_token, wait_until};
-use smtp_once::smtp::content_check::check_content;
+use smtp_once::content_check::check_content;
 
 fn daemon() -> Daemon {
     Daemon::start(Options {

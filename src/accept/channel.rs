@@ -1,16 +1,17 @@
-//! How a channel (SMTP, HTTP) words what the acceptance pipeline decided,
-//! and where it takes the idempotency key from. The pipeline, the claims
+//! How a channel words what the acceptance pipeline decided (the trait;
+//! each front implements it in its own words: `server::wording` for SMTP,
+//! `http::channel` for HTTP), and where it takes the idempotency key from. The pipeline, the claims
 //! and the ledger are the same for both; only the bytes differ. What
 //! `accepted` and `sender_refused` return is what the ledger stores and a
 //! replay gives back byte for byte, so one channel's entries are never
 //! replayed on the other: their fingerprints differ (see `KeySource`).
 
-use crate::idempotency::decision::{conflict_reply, replay_reply};
+use crate::content_check::ContentFault;
 use crate::idempotency::key::KeyError;
 use crate::idempotency::mime_limits::MimeLimitError;
-use crate::smtp::content_check::ContentFault;
-use crate::smtp::reply::Reply;
 use crate::store::LedgerEntry;
+
+use super::from_header::SenderRefusal;
 
 /// Where the key comes from, and what else the identity holds.
 #[derive(Debug, Clone)]
@@ -36,9 +37,8 @@ pub trait Channel: Send + Sync {
     fn metric(&self) -> crate::metrics::Channel;
     /// The answer for a queued message (stored under its key).
     fn accepted(&self, queue_id: &str) -> Vec<u8>;
-    /// A `From:` header the account may not use: `reply` is the SMTP
-    /// wording (stored under its key).
-    fn sender_refused(&self, reply: &Reply) -> Vec<u8>;
+    /// A `From:` header the account may not use (stored under its key).
+    fn sender_refused(&self, refusal: &SenderRefusal) -> Vec<u8>;
     /// A stored answer given again.
     fn replay(&self, stored: &[u8]) -> Vec<u8>;
     /// E01005: the key belongs to a different request.
@@ -59,92 +59,4 @@ pub trait Channel: Send + Sync {
     fn analysis_failed(&self) -> Vec<u8>;
     /// The DKIM signature could not be made; nothing was queued.
     fn signing_failed(&self) -> Vec<u8>;
-}
-
-/// The SMTP wording: reply lines.
-pub struct Smtp;
-
-impl Channel for Smtp {
-    fn metric(&self) -> crate::metrics::Channel {
-        crate::metrics::Channel::Smtp
-    }
-
-    fn accepted(&self, queue_id: &str) -> Vec<u8> {
-        Reply::new(250, "2.0.0", &format!("Ok: queued as {queue_id}")).to_bytes()
-    }
-
-    fn sender_refused(&self, reply: &Reply) -> Vec<u8> {
-        reply.to_bytes()
-    }
-
-    fn replay(&self, stored: &[u8]) -> Vec<u8> {
-        replay_reply(stored)
-    }
-
-    fn conflict(&self, entry: &LedgerEntry) -> Vec<u8> {
-        conflict_reply(entry)
-    }
-
-    fn in_progress(&self) -> Vec<u8> {
-        Reply::new(
-            451,
-            "4.5.0",
-            "E01004 RequestInProgress: try again shortly with the same key and message",
-        )
-        .to_bytes()
-    }
-
-    fn unavailable(&self) -> Vec<u8> {
-        Reply::new(
-            451,
-            "4.3.0",
-            "E01033 IdempotencyUnavailable: message not accepted, retry",
-        )
-        .to_bytes()
-    }
-
-    fn storage_failure(&self) -> Vec<u8> {
-        Reply::new(
-            451,
-            "4.3.0",
-            "Temporary storage failure: message not accepted, retry",
-        )
-        .to_bytes()
-    }
-
-    fn bad_key(&self, error: &KeyError) -> Vec<u8> {
-        Reply::new(554, "5.6.0", &format!("E01001 ValidationError: {error}")).to_bytes()
-    }
-
-    fn over_limits(&self, error: &MimeLimitError) -> Vec<u8> {
-        Reply::new(
-            554,
-            "5.6.0",
-            &format!("Message refused: {error} (server limit)"),
-        )
-        .to_bytes()
-    }
-
-    fn content_refused(&self, fault: &ContentFault) -> Vec<u8> {
-        // What the session answers at DATA or BDAT for the same bytes.
-        Reply::new(554, "5.6.0", fault.smtp_text()).to_bytes()
-    }
-
-    fn analysis_failed(&self) -> Vec<u8> {
-        Reply::new(
-            451,
-            "4.3.0",
-            "Temporary failure analysing the message: not accepted, retry",
-        )
-        .to_bytes()
-    }
-
-    fn signing_failed(&self) -> Vec<u8> {
-        Reply::new(
-            451,
-            "4.3.0",
-            "Temporary failure signing the message (DKIM): not accepted, retry",
-        )
-        .to_bytes()
-    }
 }

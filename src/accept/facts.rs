@@ -9,11 +9,10 @@ use crate::idempotency::fingerprint::{Fingerprint, fingerprint_checked};
 use crate::idempotency::key::{KeyError, MAX_KEY_CHARS, extract_key};
 use crate::idempotency::mime_limits::{self, MimeLimitError, MimeLimits};
 use crate::idempotency::volatile::VolatileHeaders;
-use crate::smtp::reply::Reply;
 use crate::submission::Submission;
 
 use super::channel::KeySource;
-use super::from_header::{self, FromError};
+use super::from_header::{self, SenderRefusal};
 
 /// What decides the path through the acceptance pipeline.
 pub enum Verdict {
@@ -32,8 +31,8 @@ pub enum Verdict {
 
 pub struct Facts {
     pub verdict: Verdict,
-    /// The `553` reply and its reason when the `From:` header is refused.
-    pub from_rejection: Option<(Reply, FromError)>,
+    /// Why the `From:` header is refused, if it is.
+    pub from_rejection: Option<SenderRefusal>,
 }
 
 impl Facts {

@@ -20,7 +20,6 @@
 
 use crate::auth::{Account, Submitter};
 use crate::idempotency::key::header_section_len;
-use crate::smtp::reply::Reply;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FromError {
@@ -36,22 +35,39 @@ pub enum FromError {
     NotAllowed(String),
 }
 
-/// For accounts limited to some senders: the `553 5.7.1` reply when the
-/// message's `From:` is not acceptable, with the reason (to log).
-pub fn rejection(submitter: &Submitter, content: &[u8]) -> Option<(Reply, FromError)> {
+/// An account may not send this message's `From:`: who, and why. Each
+/// front words it (SMTP `553 5.7.1`, HTTP `403 SenderNotAllowed`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SenderRefusal {
+    pub account: String,
+    pub error: FromError,
+}
+
+impl SenderRefusal {
+    /// The reason in words, naming the account.
+    pub fn words(&self) -> String {
+        match &self.error {
+            FromError::NotAllowed(_) => format!("{} for account {}", self.error, self.account),
+            _ => format!(
+                "{}; account {} must send as an allowed sender, in one From: header",
+                self.error, self.account
+            ),
+        }
+    }
+}
+
+/// For accounts limited to some senders: why the message's `From:` is not
+/// acceptable, if it is not.
+pub fn rejection(submitter: &Submitter, content: &[u8]) -> Option<SenderRefusal> {
     let Submitter::Account(account) = submitter else {
         return None;
     };
     account.allowed_senders.as_ref()?;
     let error = check(account, content).err()?;
-    let words = match &error {
-        FromError::NotAllowed(_) => format!("{error} for account {}", account.name),
-        _ => format!(
-            "{error}; account {} must send as an allowed sender, in one From: header",
-            account.name
-        ),
-    };
-    Some((Reply::new(553, "5.7.1", &words), error))
+    Some(SenderRefusal {
+        account: account.name.clone(),
+        error,
+    })
 }
 
 /// Every mailbox of the one `From:` header, checked against the account.

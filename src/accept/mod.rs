@@ -31,8 +31,7 @@ use crate::idempotency::key_hash;
 use crate::idempotency::mime_limits::MimeLimits;
 use crate::idempotency::volatile::VolatileHeaders;
 use crate::metrics::{self, Outcome};
-use crate::smtp::content_check::check_content;
-use crate::smtp::reply::Reply;
+use crate::content_check::check_content;
 use crate::submission::Submission;
 use crate::store::{
     Acceptance, CommitOutcome, LedgerEntry, NewLedgerEntry, NewMessage, Store, StoreError,
@@ -41,10 +40,10 @@ use crate::store::{
 use crate::trace::{TraceOptions, received_header};
 use crate::webhook::Router;
 use crate::webhook::route::Accepted;
-use channel::{Channel, KeySource, Smtp};
+use channel::{Channel, KeySource};
 
 use facts::{Facts, Verdict, strict_fingerprint};
-use from_header::FromError;
+use from_header::SenderRefusal;
 use pool::Pool;
 
 /// Messages up to this size are looked at on the async worker: that takes
@@ -129,14 +128,8 @@ impl Acceptor {
         &self.claims
     }
 
-    /// Returns the complete SMTP reply (CRLF-terminated lines) for the
-    /// message.
-    pub async fn accept(&self, sub: Submission) -> Vec<u8> {
-        self.accept_via(sub, &Smtp, KeySource::MessageHeader).await
-    }
-
-    /// The same pipeline for any channel: `channel` words the answer and
-    /// `source` says where the key is.
+    /// The pipeline for any channel: `channel` words the answer (each
+    /// front brings its own) and `source` says where the key is.
     pub async fn accept_via(
         &self,
         sub: Submission,
@@ -287,16 +280,16 @@ impl Acceptor {
         sub: Submission,
         channel: &dyn Channel,
         keyed: Option<Keyed>,
-        from_rejection: Option<(Reply, FromError)>,
+        from_rejection: Option<SenderRefusal>,
     ) -> (Vec<u8>, Outcome) {
         let workspace = sub.submitter.workspace().to_owned();
         let key_log = keyed.as_ref().map_or("-", |k| k.hash.as_str()).to_owned();
         let now = now_millis();
 
-        if let Some((rejection, reason)) = from_rejection {
-            let reply = channel.sender_refused(&rejection);
+        if let Some(refusal) = from_rejection {
+            let reply = channel.sender_refused(&refusal);
             tracing::info!(
-                %workspace, key = %key_log, peer = %sub.peer, code = rejection.code(), reason = ?reason,
+                %workspace, key = %key_log, peer = %sub.peer, account = %refusal.account, reason = ?refusal.error,
                 "rejected: From: header not allowed"
             );
             if let Some(k) = keyed {

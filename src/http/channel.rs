@@ -8,8 +8,8 @@ use serde_json::json;
 use crate::accept::channel::Channel;
 use crate::idempotency::key::KeyError;
 use crate::idempotency::mime_limits::MimeLimitError;
-use crate::smtp::content_check::ContentFault;
-use crate::smtp::reply::Reply;
+use crate::content_check::ContentFault;
+use crate::accept::from_header::SenderRefusal;
 use crate::store::LedgerEntry;
 
 /// A response from the pipeline, decoded.
@@ -60,11 +60,8 @@ impl Channel for Http {
         encode(202, &json!({ "id": queue_id, "status": "queued" }))
     }
 
-    fn sender_refused(&self, reply: &Reply) -> Vec<u8> {
-        let text = String::from_utf8_lossy(&reply.to_bytes())
-            .trim_end()
-            .to_owned();
-        error(403, "SenderNotAllowed", &text)
+    fn sender_refused(&self, refusal: &SenderRefusal) -> Vec<u8> {
+        error(403, "SenderNotAllowed", &refusal.words())
     }
 
     fn replay(&self, stored: &[u8]) -> Vec<u8> {

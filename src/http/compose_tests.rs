@@ -157,7 +157,7 @@ fn body_line_ends_become_crlf_and_nul_is_refused() {
     )
     .expect("composed");
     assert_eq!(
-        crate::smtp::content_check::check_content(&c.content),
+        crate::content_check::check_content(&c.content),
         Ok(()),
         "{}",
         String::from_utf8_lossy(&c.content)

@@ -12,10 +12,12 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
+use crate::accept::channel::KeySource;
 use crate::smtp::reply::Reply;
 use crate::smtp::session::{Action, Session};
 
 use super::Shared;
+use super::wording::Smtp;
 use super::deadline::{Budget, Expiry, Progress};
 use crate::front_door::load::IDLE_TIMEOUT_AT_CAP;
 use crate::front_door::timed::{self, ConnectionError};
@@ -140,7 +142,10 @@ async fn drive<S: AsyncRead + AsyncWrite + Unpin>(
                 // Runs to completion even if shutdown starts meanwhile: the
                 // commit finishes and its reply is sent.
                 let started = std::time::Instant::now();
-                let reply = shared.acceptor.accept(*submission).await;
+                let reply = shared
+                    .acceptor
+                    .accept_via(*submission, &Smtp, KeySource::MessageHeader)
+                    .await;
                 crate::metrics::global().end_of_data_seconds(started.elapsed().as_secs_f64());
                 session.submission_done(&reply);
             }

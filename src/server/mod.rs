@@ -4,6 +4,7 @@
 
 pub mod connection;
 mod deadline;
+pub mod wording;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,6 +1,5 @@
 //! The SMTP protocol, without I/O.
 
-pub mod content_check;
 pub mod message_buffer;
 pub mod path_command;
 pub mod reply;

@@ -15,7 +15,7 @@ use smtp_proto::{AUTH_LOGIN, AUTH_PLAIN, Error as ParseError, Request};
 
 use crate::auth::{Account, AuthOutcome, Submitter};
 use crate::budget::InFlightBudget;
-use crate::smtp::content_check::ContentCheck;
+use crate::content_check::ContentCheck;
 use crate::smtp::message_buffer::MessageBuffer;
 use crate::smtp::path_command::{self, CommandError, Verb};
 use crate::smtp::reply::Reply;

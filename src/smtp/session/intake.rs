@@ -7,7 +7,7 @@ use smtp_proto::request::receiver::{DataReceiver, DummyDataReceiver};
 
 use super::{Action, Refusal, Session, State};
 use crate::budget::OverBudget;
-use crate::smtp::content_check::ContentFault;
+use crate::content_check::ContentFault;
 use crate::smtp::reply::Reply;
 
 impl Session {

@@ -1,13 +1,15 @@
-//! The one content rule for DATA and BDAT alike: lines end with CRLF, and
-//! there are no NUL bytes. A bare CR or LF is the ambiguity that SMTP
+//! The one content rule for every channel (SMTP DATA and BDAT, the HTTP
+//! API): lines end with CRLF, and there are no NUL bytes. A bare CR or LF is the ambiguity that SMTP
 //! smuggling exploits between relays (`\n.\n`, `.\r\r\n`, `\r.\r\n`): one
 //! hop sees the end of the message where the next sees more content. NUL
 //! bytes are not text (RFC 5322 2.3) and many next hops mangle them.
 //!
-//! The check runs over the bytes as they come off the wire (for DATA still
-//! dot-stuffed: stuffing never changes which CR and LF are paired), so it
-//! also covers a message that is being discarded, and a bad message stops
-//! being stored as soon as it is known to be bad.
+//! The SMTP session runs it over the bytes as they come off the wire (for
+//! DATA still dot-stuffed: stuffing never changes which CR and LF are
+//! paired), so it also covers a message that is being discarded, and a bad
+//! message stops being stored as soon as it is known to be bad. The
+//! acceptance pipeline runs it again over the message as stored, whatever
+//! channel it came in on. Ground floor: no front, no store.
 
 /// What is wrong with a message's content, at which byte of the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
