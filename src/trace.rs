@@ -7,8 +7,8 @@
 //! part of any fingerprint: it is stored beside the body, in the trace.
 
 use crate::address::ForwardPath;
-use crate::submission::Submission;
 use crate::store::UnixMillis;
+use crate::submission::Submission;
 
 /// What the `Received:` header says beyond the hop itself.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

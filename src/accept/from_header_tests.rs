@@ -129,8 +129,7 @@ fn every_mailbox_must_be_allowed() {
 #[test]
 fn replies_name_the_account_and_the_reason() {
     let sub = Submitter::Account(std::sync::Arc::new(alice()));
-    let refusal =
-        rejection(&sub, b"From: a@x.test\r\nFrom: b@x.test\r\n\r\n").expect("refused");
+    let refusal = rejection(&sub, b"From: a@x.test\r\nFrom: b@x.test\r\n\r\n").expect("refused");
     assert_eq!(refusal.error, FromError::Repeated(2));
     let text = refusal.words();
     assert!(

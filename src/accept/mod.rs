@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Limits;
+use crate::content_check::check_content;
 use crate::dkim::Signers;
 use crate::idempotency::claims::Claims;
 use crate::idempotency::decision::{Decision, decide};
@@ -31,12 +32,11 @@ use crate::idempotency::key_hash;
 use crate::idempotency::mime_limits::MimeLimits;
 use crate::idempotency::volatile::VolatileHeaders;
 use crate::metrics::{self, Outcome};
-use crate::content_check::check_content;
-use crate::submission::Submission;
 use crate::store::{
     Acceptance, CommitOutcome, LedgerEntry, NewLedgerEntry, NewMessage, Store, StoreError,
     UnixMillis, now_millis, queue_id,
 };
+use crate::submission::Submission;
 use crate::trace::{TraceOptions, received_header};
 use crate::webhook::Router;
 use crate::webhook::route::Accepted;

@@ -6,10 +6,10 @@
 use serde_json::json;
 
 use crate::accept::channel::Channel;
+use crate::accept::from_header::SenderRefusal;
+use crate::content_check::ContentFault;
 use crate::idempotency::key::KeyError;
 use crate::idempotency::mime_limits::MimeLimitError;
-use crate::content_check::ContentFault;
-use crate::accept::from_header::SenderRefusal;
 use crate::store::LedgerEntry;
 
 /// A response from the pipeline, decoded.

@@ -17,8 +17,8 @@ use crate::smtp::reply::Reply;
 use crate::smtp::session::{Action, Session};
 
 use super::Shared;
-use super::wording::Smtp;
 use super::deadline::{Budget, Expiry, Progress};
+use super::wording::Smtp;
 use crate::front_door::load::IDLE_TIMEOUT_AT_CAP;
 use crate::front_door::timed::{self, ConnectionError};
 
