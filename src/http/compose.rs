@@ -74,6 +74,8 @@ const STAMPED: &[&str] = &["Date", "Message-ID"];
 /// value on a new line without folding whitespace when the name alone fills
 /// the first line, which would make the value a header of its own.
 const MAX_HEADER_NAME: usize = 64;
+/// RFC 5322 2.1.1: a line of a message is at most 998 characters.
+const MAX_LINE: usize = 998;
 
 /// `hostname` is the relay's `server.hostname`: the right-hand side of the
 /// `Message-ID` made for the message (when the request gives none).
@@ -136,6 +138,19 @@ pub fn from_json(body: &[u8], hostname: &str) -> Result<Composed, ComposeError> 
             }
             None => name.clone(),
         };
+        // Folded at whitespace only: a longer word would make a line over
+        // RFC 5322's 998 characters, which next hops cut or refuse.
+        let longest_word = value
+            .split(|c: char| c == ' ' || c == '\t')
+            .map(str::len)
+            .max()
+            .unwrap_or(0);
+        if value.is_ascii() && longest_word + name.len() + 2 > MAX_LINE {
+            return Err(invalid(format!(
+                "header {name:?}: a word of {longest_word} characters does not fit in one \
+                 header line ({MAX_LINE} characters at most)"
+            )));
+        }
         builder = if value.is_ascii() {
             // As given (folded at whitespace only): structured values such
             // as `List-Unsubscribe: <https://...>` stay intact.

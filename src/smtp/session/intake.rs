@@ -211,18 +211,14 @@ impl Session {
                     "message refused: bare CR or LF in content; closing the connection"
                 );
                 Refusal {
-                    reply: Reply::new(
-                        554,
-                        "5.6.0",
-                        "Message contains a bare CR or LF; lines must end with CRLF",
-                    ),
+                    reply: Reply::new(554, "5.6.0", fault.smtp_text()),
                     close: true,
                     bad_command: false,
                 }
             }
             ContentFault::Nul { offset } => {
                 tracing::warn!(peer = %self.peer, offset, "message refused: NUL byte in content");
-                Refusal::keep_open(Reply::new(554, "5.6.0", "Message contains a NUL byte"))
+                Refusal::keep_open(Reply::new(554, "5.6.0", fault.smtp_text()))
             }
         }
     }
