@@ -141,7 +141,7 @@ pub fn from_json(body: &[u8], hostname: &str) -> Result<Composed, ComposeError> 
         // Folded at whitespace only: a longer word would make a line over
         // RFC 5322's 998 characters, which next hops cut or refuse.
         let longest_word = value
-            .split(|c: char| c == ' ' || c == '\t')
+            .split([' ', '\t'])
             .map(str::len)
             .max()
             .unwrap_or(0);
