@@ -31,9 +31,18 @@ impl<S> WriteDeadline<S> {
         }
     }
 
-    /// `pending` came back from the inner stream: start the clock if it is
-    /// not running, and fail once it ran out.
-    fn stalled(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    /// What the inner stream answered, with the clock: progress stops
+    /// it, `pending` starts it (if it is not running), and `pending` after
+    /// it ran out is the timeout error.
+    fn watch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.armed = false;
+            return polled;
+        }
         if !self.armed {
             self.timer.as_mut().reset(Instant::now() + self.limit);
             self.armed = true;
@@ -67,33 +76,18 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write(cx, buf) {
-            Poll::Ready(result) => {
-                self.armed = false;
-                Poll::Ready(result)
-            }
-            Poll::Pending => self.stalled(cx).map(|r| r.map(|()| 0)),
-        }
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.watch(cx, polled)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match Pin::new(&mut self.inner).poll_flush(cx) {
-            Poll::Ready(result) => {
-                self.armed = false;
-                Poll::Ready(result)
-            }
-            Poll::Pending => self.stalled(cx),
-        }
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.watch(cx, polled)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match Pin::new(&mut self.inner).poll_shutdown(cx) {
-            Poll::Ready(result) => {
-                self.armed = false;
-                Poll::Ready(result)
-            }
-            Poll::Pending => self.stalled(cx),
-        }
+        let polled = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.watch(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -101,13 +95,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(result) => {
-                self.armed = false;
-                Poll::Ready(result)
-            }
-            Poll::Pending => self.stalled(cx).map(|r| r.map(|()| 0)),
-        }
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.watch(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {

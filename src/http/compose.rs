@@ -140,11 +140,7 @@ pub fn from_json(body: &[u8], hostname: &str) -> Result<Composed, ComposeError> 
         };
         // Folded at whitespace only: a longer word would make a line over
         // RFC 5322's 998 characters, which next hops cut or refuse.
-        let longest_word = value
-            .split([' ', '\t'])
-            .map(str::len)
-            .max()
-            .unwrap_or(0);
+        let longest_word = value.split([' ', '\t']).map(str::len).max().unwrap_or(0);
         if value.is_ascii() && longest_word + name.len() + 2 > MAX_LINE {
             return Err(invalid(format!(
                 "header {name:?}: a word of {longest_word} characters does not fit in one \

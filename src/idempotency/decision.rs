@@ -27,13 +27,7 @@ mod tests {
     use super::*;
 
     fn entry(fp: u8) -> LedgerEntry {
-        LedgerEntry {
-            fingerprint: [fp; 32],
-            reply: b"250 2.0.0 Ok: queued as X\r\n".to_vec(),
-            queue_id: Some("X".into()),
-            created_at: 0,
-            expires_at: 1,
-        }
+        LedgerEntry::queued_as_x(fp)
     }
 
     #[test]

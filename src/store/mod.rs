@@ -61,6 +61,20 @@ pub struct LedgerEntry {
     pub expires_at: UnixMillis,
 }
 
+#[cfg(test)]
+impl LedgerEntry {
+    /// An entry whose first answer was `250 ... queued as X`, for tests.
+    pub fn queued_as_x(fingerprint_byte: u8) -> Self {
+        Self {
+            fingerprint: [fingerprint_byte; 32],
+            reply: b"250 2.0.0 Ok: queued as X\r\n".to_vec(),
+            queue_id: Some("X".into()),
+            created_at: 0,
+            expires_at: 1,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct NewLedgerEntry {
     pub workspace: String,
