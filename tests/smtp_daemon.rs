@@ -424,7 +424,8 @@ async fn example_config_runs_with_its_demo_account() {
         std::fs::read_to_string(common::repo_path("config.example.toml")).expect("example");
     let text = example
         .replace("127.0.0.1:2587", "127.0.0.1:0")
-        .replace("127.0.0.1:2465", "127.0.0.1:0");
+        .replace("127.0.0.1:2465", "127.0.0.1:0")
+        .replace("127.0.0.1:8025", "127.0.0.1:0");
     let d = Daemon::with_config(dir, &text);
     let mut c = Client::connect(d.addrs[0]).await;
     c.ehlo().await;
