@@ -53,7 +53,7 @@ DATE = re.compile(
     r"\b\w{3}, \d{1,2} \w{3} \d{4} \d\d:\d\d:\d\d [+-]\d{4}\b"
     r"|\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z"
 )
-SIZE = re.compile(r"\bsize=\d+")
+SIZE = re.compile(r"\bsize(=|:\s+)\d+")
 
 
 def blocks(path):
@@ -78,7 +78,7 @@ def blocks(path):
 def normal(text):
     text = QUEUE_ID.sub("<ID>", text)
     text = DATE.sub("<DATE>", text)
-    return SIZE.sub("size=<N>", text)
+    return SIZE.sub(lambda m: "size" + m.group(1).strip() + "<N>", text)
 
 
 def matches(expected, actual):
