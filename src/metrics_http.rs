@@ -181,7 +181,15 @@ async fn scrape(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Respon
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let format = metrics::Format::from_accept(accept);
     match m.render_as(format) {
-        Ok(text) => ([(header::CONTENT_TYPE, format.content_type())], text).into_response(),
+        Ok(text) => (
+            [
+                (header::CONTENT_TYPE, format.content_type()),
+                // The body depends on Accept: a cache in between must know.
+                (header::VARY, "Accept"),
+            ],
+            text,
+        )
+            .into_response(),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("cannot render metrics: {e}\n"),
