@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine too: installs what the tests need
-# (swaks, from Debian's packages; schemathesis, standardwebhooks, dkimpy and
-# pynacl, from PyPI), then runs every test.
+# (swaks, openssl and promtool, from Debian's packages; schemathesis,
+# standardwebhooks, dkimpy and pynacl, from PyPI), then runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Installs the Debian package $1 unless its command $2 is there.
+# Installs the Debian package $1 unless its command $2 is there; further
+# arguments go to apt-get install.
 apt_need() {
   command -v "$2" >/dev/null 2>&1 && return 0
   echo "scripts/test.sh: installing $1" >&2
   local sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$1" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${@:3}" "$1" >/dev/null
 }
 
 apt_need swaks swaks
@@ -41,6 +42,12 @@ if ! python3 -c 'import dkim, nacl' >/dev/null 2>&1; then
 fi
 
 apt_need openssl openssl
+
+# tests/metrics.rs pipes /metrics into `promtool check metrics`; it fails
+# (does not skip) without it. Only promtool is wanted: no recommended
+# node exporter. Where systemd runs, the package starts a Prometheus
+# server on :9090, a port no test uses (they bind :0).
+apt_need prometheus promtool --no-install-recommends
 
 # The PostgreSQL tests (tests/postgres_nodes.rs and the second pass below)
 # need the local server: 127.0.0.1:5432, user postgres, trust auth. Without

@@ -12,7 +12,14 @@
 //! their own `Metrics::new()`.
 //!
 //! Low cardinality by construction: every label value is a `&'static str`
-//! from a fixed set (an enum's `as_str`), never a user, key or address.
+//! from a fixed set (an enum's `as_str`), never a user, key or address, and
+//! every value of every set is there from the first scrape.
+//!
+//! [`text`]: the Prometheus text format 0.0.4 beside OpenMetrics.
+
+mod text;
+
+pub use text::Format;
 
 use std::sync::OnceLock;
 use std::sync::atomic::AtomicU64;
@@ -113,6 +120,14 @@ impl AuthFailure {
 /// The queue states shown as `smtp_once_queue_messages{state}`: messages
 /// still in the queue (finished ones are not queue depth).
 pub const QUEUE_STATES: [&str; 4] = ["queued", "deferred", "delivering", "held"];
+
+/// The outcomes of `smtp_once_delivery_attempts_total`: the delivery
+/// plan's recipient outcomes (`delivery::plan::Outcome::as_str`), which
+/// this ground-floor module cannot name.
+pub const DELIVERY_OUTCOMES: [&str; 4] = ["delivered", "deferred", "failed", "expired"];
+
+/// The outcomes of `smtp_once_webhook_attempts_total`.
+pub const WEBHOOK_OUTCOMES: [&str; 3] = ["delivered", "retry", "failed"];
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SubmissionLabels {
@@ -273,14 +288,33 @@ impl Metrics {
         for state in QUEUE_STATES {
             let _ = metrics.queue_messages.get_or_create(&StateLabel { state });
         }
+        for outcome in DELIVERY_OUTCOMES {
+            let _ = metrics
+                .delivery_attempts
+                .get_or_create(&OutcomeLabel { outcome });
+        }
+        for outcome in WEBHOOK_OUTCOMES {
+            let _ = metrics
+                .webhook_attempts
+                .get_or_create(&OutcomeLabel { outcome });
+        }
         metrics
     }
 
-    /// Renders every family in the Prometheus text format.
+    /// Renders every family in OpenMetrics text (`# EOF` ended).
     pub fn render(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+
+    /// Renders every family in `format`.
+    pub fn render_as(&self, format: Format) -> Result<String, std::fmt::Error> {
+        let openmetrics = self.render()?;
+        Ok(match format {
+            Format::OpenMetrics => openmetrics,
+            Format::Text => text::from_openmetrics(&openmetrics),
+        })
     }
 
     /// One submission's outcome, counted once per reply.
@@ -337,6 +371,8 @@ impl Metrics {
     /// One recipient's result in a delivery attempt (`Outcome::as_str` of
     /// the delivery plan: delivered, deferred, failed, expired).
     pub fn delivery_attempt(&self, outcome: &'static str) {
+        // A new outcome belongs in DELIVERY_OUTCOMES, to show from the start.
+        debug_assert!(DELIVERY_OUTCOMES.contains(&outcome), "{outcome}");
         self.delivery_attempts
             .get_or_create(&OutcomeLabel { outcome })
             .inc();
@@ -345,6 +381,7 @@ impl Metrics {
     /// One webhook POST: delivered, retry (scheduled again) or failed (the
     /// schedule is exhausted).
     pub fn webhook_attempt(&self, outcome: &'static str) {
+        debug_assert!(WEBHOOK_OUTCOMES.contains(&outcome), "{outcome}");
         self.webhook_attempts
             .get_or_create(&OutcomeLabel { outcome })
             .inc();
@@ -480,6 +517,39 @@ mod tests {
             v(r#"smtp_once_auth_failures_total{channel="smtp",reason="invalid"}"#),
             1.0
         );
+    }
+
+    #[test]
+    fn the_text_format_names_every_family_with_help_and_type() {
+        let m = Metrics::new();
+        m.delivery_attempt("delivered");
+        let text = m.render_as(Format::Text).expect("render");
+        assert!(
+            !text.contains("# EOF") && !text.contains("# UNIT"),
+            "{text}"
+        );
+        let typed: Vec<(&str, &str)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE ")?.split_once(' '))
+            .collect();
+        assert_eq!(typed.len(), 10, "one TYPE per family:\n{text}");
+        for (name, kind) in &typed {
+            assert!(text.contains(&format!("# HELP {name} ")), "{name}");
+            assert_eq!(
+                kind.ends_with("counter"),
+                name.ends_with("_total"),
+                "{name}"
+            );
+        }
+        // Every sample belongs to a family named before it.
+        for sample in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(
+                typed.iter().any(|(name, _)| sample.starts_with(name)),
+                "{sample}"
+            );
+        }
+        assert!(text.contains("smtp_once_webhook_attempts_total{outcome=\"retry\"} 0\n"));
+        assert!(text.contains("smtp_once_delivery_attempts_total{outcome=\"expired\"} 0\n"));
     }
 
     #[test]

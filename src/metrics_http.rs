@@ -1,9 +1,10 @@
 //! The `[metrics]` listener: a small HTTP/1.1 server (axum) apart from the
 //! mail ports, meant for loopback or a private network.
 //!
-//! - `GET /metrics`: every family of [`crate::metrics`] in the
-//!   OpenMetrics/Prometheus text format; the queue's depth is read from the
-//!   store at each scrape.
+//! - `GET /metrics`: every family of [`crate::metrics`] in OpenMetrics
+//!   text for a client that asks for it (Prometheus), else in the
+//!   Prometheus text format 0.0.4; the queue's depth is read from the store
+//!   at each scrape.
 //! - `GET /healthz`: `200 ok` while the process serves requests.
 //! - `GET /readyz`: `200 ready` when the store commits a trivial write
 //!   transaction through its writer ([`Store::ready`]), else `503` with the
@@ -61,9 +62,6 @@ struct Shared {
 /// Longest a probe or a scrape waits for the store; a store that does not
 /// answer within this is not ready.
 const STORE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// What Prometheus asks for and prometheus-client writes (`# EOF` ended).
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsHttpError {
@@ -180,8 +178,18 @@ async fn scrape(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Respon
         *read_at = Some(Instant::now());
     }
     drop(read_at);
-    match m.render() {
-        Ok(text) => ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response(),
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = metrics::Format::from_accept(accept);
+    match m.render_as(format) {
+        Ok(text) => (
+            [
+                (header::CONTENT_TYPE, format.content_type()),
+                // The body depends on Accept: a cache in between must know.
+                (header::VARY, "Accept"),
+            ],
+            text,
+        )
+            .into_response(),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("cannot render metrics: {e}\n"),

@@ -18,8 +18,23 @@ const METRICS: &str = "[metrics]\naddr = \"127.0.0.1:0\"\n";
 
 /// A plain HTTP/1.1 GET: the status code and the body.
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let (code, _, body) = get_accepting(addr, path, None).await;
+    (code, body)
+}
+
+/// A GET with this `Accept` header (none when `None`): the status code,
+/// the `Content-Type` and the body.
+async fn get_accepting(
+    addr: SocketAddr,
+    path: &str,
+    accept: Option<&str>,
+) -> (u16, String, String) {
     let mut s = TcpStream::connect(addr).await.expect("connect to metrics");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let accept = accept
+        .map(|a| format!("Accept: {a}\r\n"))
+        .unwrap_or_default();
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n");
     s.write_all(request.as_bytes()).await.expect("send request");
     let mut raw = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw))
@@ -33,7 +48,15 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .expect("status code");
-    (code, body.to_string())
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_string())
+        })
+        .unwrap_or_default();
+    (code, content_type, body.to_string())
 }
 
 /// Scrapes until `done` holds for the text (at most `secs`).
@@ -268,5 +291,117 @@ async fn log_format_json_writes_one_object_per_line() {
         log.lines()
             .any(|l| l.contains(r#""message":"metrics listening""#)),
         "{log}"
+    );
+}
+
+/// Runs `promtool check metrics` (Prometheus' own linter, Debian package
+/// `prometheus`; scripts/test.sh installs it) on `text`: its exit code
+/// and everything it printed.
+fn promtool_check(text: &str) -> (i32, String) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run promtool (apt-get install prometheus; scripts/test.sh does)");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write to promtool");
+    let out = child.wait_with_output().expect("promtool output");
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), printed)
+}
+
+// Issue 21 item 4: `promtool check metrics` failed (exit 3): counters
+// without HELP, OpenMetrics served to a client asking for text/plain, and
+// series that showed only after their first event. A plain client now
+// gets the text format 0.0.4 that promtool passes without a warning;
+// Prometheus (asking for OpenMetrics) gets OpenMetrics.
+#[tokio::test]
+async fn promtool_passes_the_text_format_and_openmetrics_is_served_on_request() {
+    use common::webhook::{closed_port, endpoint_toml, secret};
+    // A webhook endpoint nobody listens on: its attempts are counted.
+    let url = format!("http://127.0.0.1:{}/hooks", closed_port());
+    let mut o = options("");
+    o.extra += &endpoint_toml(
+        "down",
+        &url,
+        &secret(3),
+        "retry_schedule = [\"0s\", \"1h\"]\n",
+    );
+    let d = Daemon::start(o);
+    let addr = d.metrics.expect("metrics listener");
+
+    // Before any event: every family and every label value is there.
+    let (code, content_type, fresh) = get_accepting(addr, "/metrics", Some("text/plain")).await;
+    assert_eq!(code, 200, "{fresh}");
+    assert_eq!(promtool_check(&fresh), (0, String::new()), "{fresh}");
+    assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
+    for series in [
+        r#"smtp_once_webhook_attempts_total{outcome="retry"} 0"#,
+        r#"smtp_once_webhook_attempts_total{outcome="failed"} 0"#,
+        r#"smtp_once_delivery_attempts_total{outcome="expired"} 0"#,
+        r#"smtp_once_auth_failures_total{channel="http",reason="ip_banned"} 0"#,
+        r#"smtp_once_submissions_total{channel="http",outcome="rejected"} 0"#,
+    ] {
+        assert!(
+            fresh.lines().any(|l| l == series),
+            "no {series:?} in:\n{fresh}"
+        );
+    }
+
+    assert_eq!(
+        send(&d, &message(Some("promtool/1"), "hello")).await.code,
+        250
+    );
+    scrape_until(&d, "a delivery and a webhook attempt", 30, |text| {
+        value(
+            text,
+            r#"smtp_once_delivery_attempts_total{outcome="delivered"}"#,
+        ) == 1.0
+            && value(text, r#"smtp_once_webhook_attempts_total{outcome="retry"}"#) >= 1.0
+    })
+    .await;
+
+    for accept in [Some("text/plain"), None, Some("*/*")] {
+        let (code, content_type, text) = get_accepting(addr, "/metrics", accept).await;
+        assert_eq!(code, 200, "{text}");
+        assert_eq!(
+            content_type, "text/plain; version=0.0.4; charset=utf-8",
+            "Accept: {accept:?}"
+        );
+        let (status, printed) = promtool_check(&text);
+        assert_eq!(
+            (status, printed.as_str()),
+            (0, ""),
+            "promtool check metrics (Accept: {accept:?}) on:\n{text}"
+        );
+    }
+
+    // What Prometheus sends.
+    let (code, content_type, text) = get_accepting(
+        addr,
+        "/metrics",
+        Some("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"),
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    assert!(
+        content_type.starts_with("application/openmetrics-text; version=1.0.0"),
+        "{content_type}"
+    );
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    assert!(
+        text.contains(r#"smtp_once_webhook_attempts_total{outcome="retry"} "#),
+        "{text}"
     );
 }
