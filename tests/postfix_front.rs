@@ -94,3 +94,35 @@ async fn entries_stored_with_trace_headers_counting_still_replay() {
     c.quit().await;
     assert_eq!(d.queue_count(), 1);
 }
+
+// Issue 21 item 1 (bounces): `MAIL FROM:<>` from an account limited to
+// `*@example.test` was `553`, so the bounce a Postfix in front sends when it
+// gives up was lost. It is accepted now; the `From:` header rule still
+// applies, and without authentication it is still `530`.
+#[tokio::test]
+async fn null_reverse_path_is_accepted_from_an_authenticated_account() {
+    let d = Daemon::start(Options::default());
+    let bounce = b"From: MAILER-DAEMON@example.test (Mail Delivery System)\r\n\
+                   To: alice@example.test\r\nSubject: Undelivered Mail Returned to Sender\r\n\
+                   Content-Type: text/plain\r\n\r\nThis is the mail system.\r\n";
+    let mut c = Client::login(d.plain, "alice").await;
+    let r = c.submit("", &["alice@example.test"], bounce).await;
+    assert_eq!(r.code, 250, "{r:?}\n{}", d.log());
+    // The From: header is still the account's to answer for.
+    let forged = b"From: ceo@victim.test\r\nTo: x@example.net\r\n\r\nhi\r\n";
+    let r = c.submit("", TO, forged).await;
+    assert_eq!(r.code, 553, "{r:?}");
+    c.quit().await;
+
+    let mut anon = Client::connect(d.plain).await;
+    anon.ehlo().await;
+    let r = anon.cmd("MAIL FROM:<>").await;
+    assert_eq!(r.code, 530, "{r:?}");
+    anon.quit().await;
+    assert_eq!(d.queue_count(), 1);
+    let stored: String = d
+        .db()
+        .query_row("SELECT reverse_path FROM queue", [], |r| r.get(0))
+        .expect("queued bounce");
+    assert_eq!(stored, "");
+}
