@@ -7,7 +7,10 @@
 
 mod common;
 
-use common::{Client, Daemon, Options};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{Client, Daemon, Options, wait_until};
 
 const FROM: &str = "alice@example.test";
 const TO: &[&str] = &["dest@example.net"];
@@ -125,4 +128,193 @@ async fn null_reverse_path_is_accepted_from_an_authenticated_account() {
         .query_row("SELECT reverse_path FROM queue", [], |r| r.get(0))
         .expect("queued bounce");
     assert_eq!(stored, "");
+}
+
+// ---------------------------------------------------------------- Postfix
+
+/// A private Postfix instance (its own config, queue and data directories,
+/// smtpd on a free loopback port), as benches/compare.sh runs one, whose
+/// only way out is `relayhost`. Stopped on drop. Needs root and Debian's
+/// `postfix` package (scripts/test.sh installs it).
+struct Postfix {
+    base: PathBuf,
+    smtpd: std::net::SocketAddr,
+}
+
+impl Postfix {
+    fn start(base: &Path, relayhost: std::net::SocketAddr) -> Postfix {
+        let smtpd = free_port();
+        for d in ["etc", "queue", "data"] {
+            std::fs::create_dir_all(base.join(d)).expect("postfix dirs");
+        }
+        // Postfix's daemons run as `postfix` and must reach the queue.
+        for dir in base.ancestors().take(2) {
+            let _ = Command::new("chmod").arg("755").arg(dir).status();
+        }
+        let chown = Command::new("chown")
+            .args(["postfix"])
+            .arg(base.join("data"))
+            .status()
+            .expect("chown");
+        assert!(chown.success());
+        let b = base.display();
+        std::fs::write(
+            base.join("etc/main.cf"),
+            format!(
+                "compatibility_level = 3.6\n\
+                 config_directory = {b}/etc\nqueue_directory = {b}/queue\n\
+                 data_directory = {b}/data\nmail_owner = postfix\nsetgid_group = postdrop\n\
+                 maillog_file = {b}/maillog\nmaillog_file_prefixes = {b}\n\
+                 myhostname = mta.example.test\nmydomain = example.test\nmyorigin = $myhostname\n\
+                 mydestination =\ninet_interfaces = loopback-only\ninet_protocols = ipv4\n\
+                 mynetworks = 127.0.0.0/8\n\
+                 smtpd_relay_restrictions = permit_mynetworks, reject\n\
+                 smtpd_recipient_restrictions = permit_mynetworks, reject\n\
+                 relayhost = [{}]:{}\nsmtp_tls_security_level = none\n\
+                 alias_maps =\nalias_database =\nlocal_recipient_maps =\nbiff = no\n\
+                 smtpd_peername_lookup = no\nsmtputf8_enable = no\nin_flow_delay = 0\n",
+                relayhost.ip(),
+                relayhost.port()
+            ),
+        )
+        .expect("main.cf");
+        std::fs::write(
+            base.join("etc/master.cf"),
+            format!(
+                "{smtpd} inet n - n - - smtpd\n\
+                 pickup unix n - n 60 1 pickup\ncleanup unix n - n - 0 cleanup\n\
+                 qmgr unix n - n 300 1 qmgr\nrewrite unix - - n - - trivial-rewrite\n\
+                 bounce unix - - n - 0 bounce\ndefer unix - - n - 0 bounce\n\
+                 trace unix - - n - 0 bounce\nverify unix - - n - 1 verify\n\
+                 flush unix n - n 1000? 0 flush\nproxymap unix - - n - - proxymap\n\
+                 proxywrite unix - - n - 1 proxymap\nsmtp unix - - n - - smtp\n\
+                 relay unix - - n - - smtp\nshowq unix n - n - - showq\n\
+                 error unix - - n - - error\nretry unix - - n - - error\n\
+                 discard unix - - n - - discard\nanvil unix - - n - 1 anvil\n\
+                 scache unix - - n - 1 scache\npostlog unix-dgram n - n - 1 postlogd\n"
+            ),
+        )
+        .expect("master.cf");
+        let pf = Postfix {
+            base: base.to_owned(),
+            smtpd,
+        };
+        for args in [&["check"][..], &["start"][..]] {
+            let out = pf.postfix(args);
+            assert!(
+                out.status.success(),
+                "postfix {args:?}: {}{}\nmaillog:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                pf.maillog()
+            );
+        }
+        pf
+    }
+
+    fn postfix(&self, args: &[&str]) -> std::process::Output {
+        Command::new("/usr/sbin/postfix")
+            .arg("-c")
+            .arg(self.base.join("etc"))
+            .args(args)
+            .output()
+            .expect("/usr/sbin/postfix (scripts/test.sh installs the postfix package)")
+    }
+
+    fn maillog(&self) -> String {
+        std::fs::read_to_string(self.base.join("maillog")).unwrap_or_default()
+    }
+
+    /// Messages in Postfix's queue, whatever their state.
+    fn queued(&self) -> usize {
+        ["maildrop", "incoming", "active", "deferred", "hold"]
+            .iter()
+            .map(|q| files_under(&self.base.join("queue").join(q)))
+            .sum()
+    }
+}
+
+impl Drop for Postfix {
+    fn drop(&mut self) {
+        let _ = self.postfix(&["stop"]);
+    }
+}
+
+fn files_under(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => files_under(&e.path()),
+            Ok(_) => 1,
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+fn free_port() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+fn outbox_files(d: &Daemon) -> Vec<PathBuf> {
+    std::fs::read_dir(d.outbox())
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+// Issue 21 item 1: a real Postfix relaying into smtp-once (relayhost, the
+// loopback as a trusted network). The application hands the same keyed
+// message to its local Postfix twice, as it would on a retry; Postfix puts a
+// fresh Received: line in front each time. Before the fix the second was
+// E01005 and Postfix bounced it; now it is a replay, the next hop holds the
+// message once, and Postfix's queue is empty with no bounce.
+#[tokio::test]
+async fn the_same_message_twice_through_postfix_is_one_message() {
+    let d = Daemon::start(Options {
+        trusted_network: Some(("127.0.0.0/8", "acme")),
+        ..Options::default()
+    });
+    let work = tempfile::tempdir().expect("tempdir");
+    let pf = Postfix::start(&work.path().join("postfix"), d.plain);
+    let message = author("through-postfix-1");
+    for attempt in 1..=2 {
+        let mut c = Client::connect(pf.smtpd).await;
+        c.ehlo().await;
+        let r = c.submit(FROM, TO, message.as_bytes()).await;
+        assert_eq!(r.code, 250, "attempt {attempt}: {r:?}\n{}", pf.maillog());
+        c.quit().await;
+        let _ = pf.postfix(&["flush"]);
+        // Relayed (or bounced) and logged: the queue is empty again.
+        wait_until("Postfix to relay", 60, || {
+            (pf.queued() == 0 && pf.maillog().matches(" status=").count() >= attempt).then_some(())
+        })
+        .await;
+    }
+    let maillog = pf.maillog();
+    let log = d.log();
+    assert_eq!(
+        maillog.matches("status=sent").count(),
+        2,
+        "both relayed to smtp-once\n{maillog}\nsmtp-once:\n{log}"
+    );
+    assert!(!maillog.contains("status=bounced"), "{maillog}");
+    assert!(
+        !maillog.contains("sender non-delivery notification"),
+        "{maillog}"
+    );
+    assert_eq!(log.matches("replayed stored reply").count(), 1, "{log}");
+    assert!(!log.contains("E01005"), "{log}");
+    assert_eq!(d.queue_count(), 1, "one message, no bounce\n{log}");
+    let relayed = wait_until("the relay to the outbox", 30, || {
+        let files = outbox_files(&d);
+        (!files.is_empty()).then_some(files)
+    })
+    .await;
+    assert_eq!(relayed.len(), 1, "{relayed:?}");
+    let body = std::fs::read_to_string(&relayed[0]).expect("outbox file");
+    assert!(body.contains("by mta.example.test (Postfix)"), "{body}");
+    assert!(body.contains("Subject: invoice 42"), "{body}");
 }
