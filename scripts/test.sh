@@ -18,6 +18,17 @@ apt_need() {
 
 apt_need swaks swaks
 
+# tests/postfix_front.rs runs a private Postfix instance (its own config and
+# queue directories, a free port) in front of smtp-once; it fails (does not
+# skip) without it. "No configuration": the package sets up no system mail
+# service of its own.
+if ! command -v /usr/sbin/postfix >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "postfix postfix/main_mailer_type select No configuration" | $sudo debconf-set-selections
+  apt_need postfix /usr/sbin/postfix
+fi
+
 # tests/http_schemathesis.rs fails (does not skip) without it.
 if ! schemathesis --version >/dev/null 2>&1; then
   echo "scripts/test.sh: installing schemathesis" >&2

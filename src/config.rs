@@ -314,6 +314,9 @@ pub struct RawIdempotency {
     /// Top-level headers whose values the fingerprint leaves out.
     #[serde(default = "default_volatile_headers")]
     pub volatile_headers: Vec<String>,
+    /// Top-level trace fields a keyed message's identity leaves out.
+    #[serde(default = "default_transit_headers")]
+    pub transit_headers: Vec<String>,
 }
 
 impl Default for RawIdempotency {
@@ -322,6 +325,7 @@ impl Default for RawIdempotency {
             retention: default_retention(),
             purge_interval: default_purge_interval(),
             volatile_headers: default_volatile_headers(),
+            transit_headers: default_transit_headers(),
         }
     }
 }
@@ -451,6 +455,11 @@ fn default_retention() -> String {
 fn default_volatile_headers() -> Vec<String> {
     vec!["Date".into(), "Message-ID".into()]
 }
+fn default_transit_headers() -> Vec<String> {
+    crate::idempotency::transit::DEFAULT_TRANSIT_HEADERS
+        .map(String::from)
+        .to_vec()
+}
 fn default_purge_interval() -> String {
     "60s".into()
 }
@@ -527,6 +536,9 @@ pub struct Config {
     pub purge_interval: Duration,
     /// `[idempotency] volatile_headers`: header names, valid field names.
     pub volatile_headers: Vec<String>,
+    /// `[idempotency] transit_headers`: header names, each valid or a valid
+    /// prefix with a trailing `*`.
+    pub transit_headers: Vec<String>,
     pub relay: Relay,
     pub delivery: Delivery,
     pub limits: Limits,
@@ -866,6 +878,18 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         }
     }
 
+    for name in &raw.idempotency.transit_headers {
+        if !is_field_name(name.strip_suffix('*').unwrap_or(name)) {
+            p.add(
+                "idempotency.transit_headers",
+                format!(
+                    "{name:?} is not a header name or a prefix with a trailing * \
+                     (printable ASCII, no spaces or colon)"
+                ),
+            );
+        }
+    }
+
     let r = &raw.relay;
     let relay = match r.mode.as_str() {
         "file" => match &r.dir {
@@ -970,6 +994,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         retention,
         purge_interval,
         volatile_headers: raw.idempotency.volatile_headers.clone(),
+        transit_headers: raw.idempotency.transit_headers.clone(),
         relay,
         delivery,
         limits,
@@ -1401,6 +1426,36 @@ mode = "pigeon"
         ] {
             assert!(err.contains(key), "{key} missing from {err}");
         }
+    }
+
+    #[test]
+    fn transit_headers_default_and_checked_by_key() {
+        let base = "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n[[listener]]\naddr = \"127.0.0.1:0\"\n\
+                    [[trusted_network]]\ncidr = \"127.0.0.1\"\nworkspace = \"w\"\n[relay]\nmode = \"mx\"\n";
+        let load = |extra: &str| Config::from_toml(Path::new("x.toml"), &format!("{base}{extra}"));
+        let defaults = load("").map(|c| c.transit_headers);
+        assert_eq!(
+            defaults.map_err(|e| e.to_string()).map(|d| d.join(",")),
+            Ok(
+                "Received,Return-Path,X-Received,Delivered-To,X-Original-To,\
+                DKIM-Signature,ARC-*,Authentication-Results"
+                    .to_owned()
+            )
+        );
+        let none = load("[idempotency]\ntransit_headers = []\n").map(|c| c.transit_headers);
+        assert_eq!(none.ok(), Some(Vec::new()));
+        let err =
+            load("[idempotency]\ntransit_headers = [\"X-Trace-*\", \"*\", \"A B\", \"X:*\"]\n")
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+        for bad in ["\"*\" is not", "\"A B\" is not", "\"X:*\" is not"] {
+            assert!(
+                err.contains(&format!("idempotency.transit_headers: {bad}")),
+                "{bad} missing from {err}"
+            );
+        }
+        assert!(!err.contains("X-Trace-*\" is not"), "{err}");
     }
 
     #[test]

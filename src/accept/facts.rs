@@ -5,9 +5,10 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::idempotency::fingerprint::{Fingerprint, fingerprint_checked};
+use crate::idempotency::fingerprint::{Fingerprint, fingerprint_checked, keyed_fingerprint};
 use crate::idempotency::key::{KeyError, MAX_KEY_CHARS, extract_key};
 use crate::idempotency::mime_limits::{self, MimeLimitError, MimeLimits};
+use crate::idempotency::transit::TransitHeaders;
 use crate::idempotency::volatile::VolatileHeaders;
 use crate::submission::Submission;
 
@@ -41,6 +42,7 @@ impl Facts {
         source: &KeySource,
         limits: &MimeLimits,
         volatile: &VolatileHeaders,
+        transit: &TransitHeaders,
     ) -> Facts {
         let verdict = match key_of(sub, source) {
             Err(e) => Verdict::BadKey(e),
@@ -51,7 +53,14 @@ impl Facts {
                     key,
                     identity(
                         source,
-                        fingerprint_checked(&sub.reverse_path, &sub.recipients, &within, volatile),
+                        keyed_fingerprint(
+                            &sub.reverse_path,
+                            &sub.recipients,
+                            &within,
+                            limits,
+                            volatile,
+                            transit,
+                        ),
                     ),
                 ),
             },
@@ -63,24 +72,38 @@ impl Facts {
     }
 }
 
-/// The fingerprint with every header value counting, as stored before
-/// volatile headers existed (or under `volatile_headers = []`). `None` if
-/// the content is over the limits (it passed them once, so never here).
-pub fn strict_fingerprint(
+/// The fingerprints this message had under the earlier rules, where they
+/// differ from today's: every header counting (before volatile headers, or
+/// under `volatile_headers = []`), and the volatile values left out but the
+/// transit fields counting (before transit headers). An entry stored under
+/// one of them within the retention window still replays for a
+/// byte-identical retry after an upgrade or a config change. Empty if the
+/// content is over the limits (it passed them once, so never here).
+pub fn earlier_fingerprints(
     sub: &Submission,
     source: &KeySource,
     limits: &MimeLimits,
-) -> Option<Fingerprint> {
-    let within = mime_limits::check(&sub.content, limits).ok()?;
-    Some(identity(
-        source,
-        fingerprint_checked(
-            &sub.reverse_path,
-            &sub.recipients,
-            &within,
-            &VolatileHeaders::none(),
-        ),
-    ))
+    volatile: &VolatileHeaders,
+    transit: &TransitHeaders,
+) -> Vec<Fingerprint> {
+    let Ok(within) = mime_limits::check(&sub.content, limits) else {
+        return Vec::new();
+    };
+    let with = |v: &VolatileHeaders| {
+        identity(
+            source,
+            fingerprint_checked(&sub.reverse_path, &sub.recipients, &within, v),
+        )
+    };
+    let mut earlier = Vec::with_capacity(2);
+    if !volatile.is_empty() {
+        earlier.push(with(&VolatileHeaders::none()));
+    }
+    // Without a transit field the volatile-only rule is today's.
+    if transit.occur_in(&sub.content) {
+        earlier.push(with(volatile));
+    }
+    earlier
 }
 
 fn key_of(sub: &Submission, source: &KeySource) -> Result<Option<String>, KeyError> {

@@ -30,6 +30,7 @@ use crate::idempotency::decision::{Decision, decide};
 use crate::idempotency::fingerprint::Fingerprint;
 use crate::idempotency::key_hash;
 use crate::idempotency::mime_limits::MimeLimits;
+use crate::idempotency::transit::TransitHeaders;
 use crate::idempotency::volatile::VolatileHeaders;
 use crate::metrics::{self, Outcome};
 use crate::store::{
@@ -42,7 +43,7 @@ use crate::webhook::Router;
 use crate::webhook::route::Accepted;
 use channel::{Channel, KeySource};
 
-use facts::{Facts, Verdict, strict_fingerprint};
+use facts::{Facts, Verdict, earlier_fingerprints};
 use from_header::SenderRefusal;
 use pool::Pool;
 
@@ -61,6 +62,8 @@ pub struct Acceptor {
     mime_limits: MimeLimits,
     /// Top-level headers whose values the fingerprint leaves out.
     volatile: Arc<VolatileHeaders>,
+    /// Top-level trace fields a keyed message's identity leaves out.
+    transit: Arc<TransitHeaders>,
     pool: Pool,
     /// `[[webhook]]` filters: `message.accepted` rows join the commit.
     webhooks: Router,
@@ -98,11 +101,19 @@ impl Acceptor {
                 max_parts: limits.max_mime_parts,
             },
             volatile: Arc::new(volatile),
+            transit: Arc::new(TransitHeaders::default()),
             pool,
             webhooks: Router::default(),
             dkim: Arc::new(Signers::default()),
             trace: TraceOptions::default(),
         })
+    }
+
+    /// The trace fields a keyed message's identity leaves out
+    /// (`[idempotency] transit_headers`).
+    pub fn with_transit(mut self, transit: TransitHeaders) -> Self {
+        self.transit = Arc::new(transit);
+        self
     }
 
     /// What the `Received:` header of each new message names.
@@ -154,14 +165,15 @@ impl Acceptor {
         // then the facts; both read the whole message.
         let looked_at = if sub.content.len() <= INLINE_MAX {
             let facts = check_content(&sub.content)
-                .map(|()| Facts::of(&sub, &source, &limits, &self.volatile));
+                .map(|()| Facts::of(&sub, &source, &limits, &self.volatile, &self.transit));
             Ok((sub, source, facts))
         } else {
             let volatile = Arc::clone(&self.volatile);
+            let transit = Arc::clone(&self.transit);
             self.pool
                 .run(move || {
                     let facts = check_content(&sub.content)
-                        .map(|()| Facts::of(&sub, &source, &limits, &volatile));
+                        .map(|()| Facts::of(&sub, &source, &limits, &volatile, &transit));
                     (sub, source, facts)
                 })
                 .await
@@ -229,10 +241,13 @@ impl Acceptor {
                 (channel.replay(&entry.reply), Outcome::Replayed)
             }
             Decision::Conflict(entry) => {
-                if self.matches_strictly(sub, source, &entry.fingerprint).await {
+                if self
+                    .matches_earlier_rule(sub, source, &entry.fingerprint)
+                    .await
+                {
                     tracing::info!(
                         %workspace, key = %keyed.hash, queue_id = entry.queue_id.as_deref().unwrap_or("-"),
-                        "replayed stored reply (entry stored with every header value counting)"
+                        "replayed stored reply (entry stored under an earlier identity rule)"
                     );
                     return (channel.replay(&entry.reply), Outcome::Replayed);
                 }
@@ -246,31 +261,33 @@ impl Acceptor {
         // `_claim` drops here, after the commit resolved either way.
     }
 
-    /// Whether `stored` is this message's strict fingerprint: an entry
-    /// stored before volatile headers existed, or under `volatile_headers =
-    /// []`, holds that one, and an identical retry of it is a replay, not a
-    /// conflict (an upgrade or that config change within the retention
-    /// window). Only asked on a conflict, so the common path hashes once.
-    async fn matches_strictly(
+    /// Whether `stored` is this message's fingerprint under an earlier
+    /// rule ([`earlier_fingerprints`]: every header counting, or transit
+    /// fields counting): an entry stored before an upgrade or a change of
+    /// `volatile_headers` / `transit_headers` within the retention window
+    /// holds that one, and a byte-identical retry of it is a replay, not a
+    /// conflict. Only asked on a conflict, so the common path hashes once.
+    async fn matches_earlier_rule(
         &self,
         sub: Submission,
         source: KeySource,
         stored: &Fingerprint,
     ) -> bool {
-        if self.volatile.is_empty() {
+        if self.volatile.is_empty() && self.transit.is_empty() {
             return false;
         }
         let limits = self.mime_limits;
-        let strict = if sub.content.len() <= INLINE_MAX {
-            strict_fingerprint(&sub, &source, &limits)
+        let earlier = if sub.content.len() <= INLINE_MAX {
+            earlier_fingerprints(&sub, &source, &limits, &self.volatile, &self.transit)
         } else {
+            let volatile = Arc::clone(&self.volatile);
+            let transit = Arc::clone(&self.transit);
             self.pool
-                .run(move || strict_fingerprint(&sub, &source, &limits))
+                .run(move || earlier_fingerprints(&sub, &source, &limits, &volatile, &transit))
                 .await
-                .ok()
-                .flatten()
+                .unwrap_or_default()
         };
-        strict.as_ref() == Some(stored)
+        earlier.contains(stored)
     }
 
     /// Processes the message as a new operation: a permanent rejection or a

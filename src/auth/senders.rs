@@ -28,10 +28,14 @@ impl SenderPattern {
     /// part the local part's value (`"a@b> x"@d` has the value `a@b> x` and
     /// the domain `d`; `"bob"@d` is `bob@d`). Both ignore ASCII case. So a
     /// quoted local part can never move an address into another domain.
-    /// `<>` matches only a pattern of stars.
+    ///
+    /// The null reverse-path `<>` (bounces, DSNs, read receipts: what a
+    /// Postfix in front sends when it gives up on a message) names no
+    /// sender to impersonate, so every pattern allows it; the `From:`
+    /// header is still checked against the patterns on its own.
     pub fn matches_path(&self, path: &ReversePath) -> bool {
         let ReversePath::Mailbox(address) = path else {
-            return glob_match(self.0.as_bytes(), b"");
+            return true;
         };
         let Some((local, domain)) = self.0.split_once('@') else {
             // `*`: any sender.
@@ -82,7 +86,8 @@ mod tests {
         assert!(any_in.matches_path(&path("\"ceo@victim.test> ENVID=x\"@example.test")));
         assert!(!any_in.matches_path(&path("\"x@example.test\"@victim.test")));
         assert!(!any_in.matches_path(&path("a@example.test.victim.test")));
-        assert!(!any_in.matches_path(&ReversePath::Null));
+        // Issue 21 item 1: a bounce's null reverse-path is allowed.
+        assert!(any_in.matches_path(&ReversePath::Null));
         assert!(!any_in.matches_path(&path("a@[127.0.0.1]")));
         let exact = SenderPattern::parse("billing@acme.test").unwrap();
         assert!(exact.matches_path(&path("Billing@acme.test")));

@@ -18,7 +18,11 @@
 //!   position, the colon and the line break count. Part headers and the
 //!   headers of attached messages stay strict. A message without any volatile
 //!   field hashes exactly as before the rule existed (stored fingerprints stay
-//!   valid), one with them under its own tag.
+//!   valid), one with them under its own tag;
+//! - and, for a keyed message ([`keyed_fingerprint`]), except the trace and
+//!   transit fields ([`TransitHeaders`], `Received`, `DKIM-Signature`, ...):
+//!   they are cut out of the top-level header section whole before anything
+//!   else, so the message hashes exactly as if a hop had never added them.
 //!
 //! Framing: each hash input starts with a tag and every variable-length field
 //! is preceded by its length (u64, little endian), so different inputs cannot
@@ -44,6 +48,7 @@
 //!   `[profile.dev.package.mail-parser]`
 //!   `debug-assertions = false` and `overflow-checks = false`.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use mail_parser::{Message, MessageParser, MimeHeaders, PartType};
@@ -51,6 +56,7 @@ use sha2::{Digest, Sha256};
 
 use super::key::{field_spans, top_level_headers};
 use super::mime_limits::{self, MimeLimits, WithinLimits};
+use super::transit::TransitHeaders;
 use super::volatile::VolatileHeaders;
 
 pub type Fingerprint = [u8; 32];
@@ -119,6 +125,33 @@ pub fn fingerprint_checked(
         Some(content),
         volatile,
     )
+}
+
+/// The identity of a keyed message (SPEC section 3): the fingerprint of
+/// `content` (which passed `limits`) with its top-level `transit` fields
+/// removed. Without any, exactly [`fingerprint_checked`]. With some, the
+/// rest is checked against `limits` again before mail-parser sees it (only
+/// a transit `Content-Type` could change the structure); if it fails, it is
+/// hashed raw: deterministic, only ever more sensitive.
+pub fn keyed_fingerprint(
+    reverse_path: &str,
+    recipients: &[String],
+    content: &WithinLimits<'_>,
+    limits: &MimeLimits,
+    volatile: &VolatileHeaders,
+    transit: &TransitHeaders,
+) -> Fingerprint {
+    match transit.strip(content.content()) {
+        Cow::Borrowed(_) => fingerprint_checked(reverse_path, recipients, content, volatile),
+        Cow::Owned(author) => {
+            let within = if is_multipart(&author) {
+                mime_limits::check(&author, limits).ok()
+            } else {
+                None
+            };
+            hash(reverse_path, recipients, &author, within.as_ref(), volatile)
+        }
+    }
 }
 
 fn hash(
@@ -1059,6 +1092,133 @@ mod tests {
         assert_ne!(
             fp_with(&a, &v),
             fp_with(&a.replace("Subject: test", "Subject: tesT"), &v)
+        );
+    }
+
+    // ---- transit headers (keyed messages) ----
+
+    /// The keyed identity under the daemon's defaults.
+    fn keyed(content: &str) -> Fingerprint {
+        let limits = MimeLimits::default();
+        let within = mime_limits::check(content.as_bytes(), &limits).expect("within limits");
+        keyed_fingerprint(
+            "a@example.com",
+            &rcpts(&["b@example.com"]),
+            &within,
+            &limits,
+            &VolatileHeaders::default(),
+            &TransitHeaders::default(),
+        )
+    }
+
+    fn received(id: &str) -> String {
+        format!(
+            "Received: from app.example.com (localhost [127.0.0.1])\r\n\
+             \tby mx.example.com (Postfix) with ESMTP id {id}\r\n\
+             \tfor <b@example.com>; Tue, 01 Dec 2026 02:55:1{} +0000\r\n",
+            id.len() % 10
+        )
+    }
+
+    const DKIM: &str = "DKIM-Signature: v=1; a=rsa-sha256; d=example.com; s=s1;\r\n\tb=abc\r\n";
+
+    #[test]
+    fn transit_fields_do_not_count_for_a_keyed_message() {
+        let author = built(DATE1, "<a@host>");
+        let a = keyed(&author);
+        // Added by a hop, one or more, at the top.
+        assert_eq!(a, keyed(&format!("{}{author}", received("4Q1"))));
+        assert_eq!(
+            a,
+            keyed(&format!(
+                "{}{}{DKIM}{author}",
+                received("4Q2AB"),
+                received("X")
+            ))
+        );
+        // Reordered, and with another retry's Date and Message-ID.
+        assert_eq!(
+            keyed(&format!(
+                "{}{DKIM}{}{author}",
+                received("1"),
+                received("22")
+            )),
+            keyed(&format!(
+                "{DKIM}{}{}{}",
+                received("333"),
+                received("4444"),
+                built(DATE2, "<b@other>")
+            ))
+        );
+        // Between the author's fields too, and every default name.
+        let everywhere = author.replace(
+            "Subject:",
+            "Return-Path: <a@example.com>\r\nX-Received: by 2002:a05\r\n\
+             Delivered-To: b@example.com\r\nX-Original-To: b@example.com\r\n\
+             ARC-Seal: i=1; cv=none\r\nARC-Message-Signature: i=1\r\n\
+             ARC-Authentication-Results: i=1\r\nAuthentication-Results: mx; spf=pass\r\n\
+             Subject:",
+        );
+        assert_eq!(a, keyed(&everywhere));
+        // A message without any hashes as the plain fingerprint (entries
+        // stored before the rule stay valid).
+        assert_eq!(a, fp(&author));
+    }
+
+    #[test]
+    fn the_authors_fields_still_count_for_a_keyed_message() {
+        let author = built(DATE1, "<a@host>");
+        let a = keyed(&format!("{}{author}", received("1")));
+        let other = |m: &str| keyed(&format!("{}{m}", received("2")));
+        assert_ne!(
+            a,
+            other(&author.replace("Subject: report", "Subject: Report"))
+        );
+        assert_ne!(a, other(&author.replace("body", "bodY")));
+        // A trace-like field in the body, or in a part, is content.
+        let body = |r: &str| keyed(&format!("{author}{}", received(r)));
+        assert_ne!(body("1"), body("22"));
+        let part = |r: &str| {
+            multipart(
+                "multipart/mixed",
+                "B",
+                &[&format!("{}\r\nx", received(r)), P2],
+            )
+        };
+        assert_mime(&part("1"));
+        assert_ne!(keyed(&part("1")), keyed(&part("22")));
+        // ... while the top-level ones of a multipart message do not count.
+        let top = |r: &str, b: &str| {
+            format!(
+                "{}{}",
+                received(r),
+                multipart("multipart/mixed", b, &[P1, P2])
+            )
+        };
+        assert_eq!(keyed(&top("1", "B")), keyed(&top("22", "C")));
+    }
+
+    #[test]
+    fn transit_fields_count_in_the_plain_fingerprint() {
+        // Unkeyed messages are never compared, and a configured empty list
+        // keeps them counting: the plain fingerprint sees every field.
+        let author = built(DATE1, "<a@host>");
+        assert_ne!(fp(&author), fp(&format!("{}{author}", received("1"))));
+        let limits = MimeLimits::default();
+        let m = format!("{}{author}", received("1"));
+        let within = mime_limits::check(m.as_bytes(), &limits).expect("within limits");
+        let v = VolatileHeaders::default();
+        let r = rcpts(&["b@example.com"]);
+        assert_eq!(
+            keyed_fingerprint(
+                "a@example.com",
+                &r,
+                &within,
+                &limits,
+                &v,
+                &TransitHeaders::none()
+            ),
+            fp(&m)
         );
     }
 

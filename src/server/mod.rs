@@ -41,6 +41,9 @@ pub fn acceptor(
     .map(|a| {
         a.with_webhooks(webhooks)
             .with_dkim(crate::dkim::Signers::new(config.dkim.clone()))
+            .with_transit(crate::idempotency::transit::TransitHeaders::new(
+                config.transit_headers.iter().cloned(),
+            ))
             .with_trace(crate::trace::TraceOptions {
                 auth: config.received_auth_header,
             })

@@ -122,6 +122,31 @@ fn mail_requires_auth_or_trusted_network() {
     assert_eq!(codes(&out), ["250", "530"]);
 }
 
+// Issue 21 item 1: the null reverse-path (a bounce from a Postfix in front)
+// is accepted from an authenticated account whose `allowed_senders` do not
+// say `*`, and from a trusted network; never before authentication.
+#[test]
+fn null_reverse_path_needs_auth_or_trust_and_nothing_more() {
+    let mut s = session(false);
+    let (out, _) = feed(&mut s, b"EHLO me\r\nMAIL FROM:<>\r\n");
+    assert_eq!(codes(&out), ["250", "530"]);
+
+    feed(&mut s, b"STARTTLS\r\n");
+    s.tls_started();
+    let (_, action) = feed(&mut s, b"EHLO me\r\nAUTH PLAIN AGFsaWNlAHB3\r\n");
+    assert!(matches!(action, Action::Authenticate { .. }));
+    s.auth_result(AuthOutcome::Success(account()));
+    let (out, _) = feed(&mut s, b"MAIL FROM:<>\r\nRCPT TO:<c@d.test>\r\n");
+    assert_eq!(codes(&out), ["235", "250", "250"], "{out}");
+    // Another sender outside the account's patterns is still refused.
+    let (out, _) = feed(&mut s, b"RSET\r\nMAIL FROM:<eve@other.test>\r\n");
+    assert_eq!(codes(&out), ["250", "553"], "{out}");
+
+    let mut trusted = session(true);
+    let (out, _) = feed(&mut trusted, b"EHLO me\r\nMAIL FROM:<>\r\n");
+    assert_eq!(codes(&out), ["250", "250"], "{out}");
+}
+
 #[test]
 fn mail_requires_helo() {
     let mut s = session(true);
