@@ -314,6 +314,9 @@ pub struct RawIdempotency {
     /// Top-level headers whose values the fingerprint leaves out.
     #[serde(default = "default_volatile_headers")]
     pub volatile_headers: Vec<String>,
+    /// Headers an SMTP message's key is read from, first present wins.
+    #[serde(default = "default_key_headers")]
+    pub key_headers: Vec<String>,
 }
 
 impl Default for RawIdempotency {
@@ -322,6 +325,7 @@ impl Default for RawIdempotency {
             retention: default_retention(),
             purge_interval: default_purge_interval(),
             volatile_headers: default_volatile_headers(),
+            key_headers: default_key_headers(),
         }
     }
 }
@@ -451,6 +455,9 @@ fn default_retention() -> String {
 fn default_volatile_headers() -> Vec<String> {
     vec!["Date".into(), "Message-ID".into()]
 }
+fn default_key_headers() -> Vec<String> {
+    vec!["X-Bird-Idempotency-Key".into()]
+}
 fn default_purge_interval() -> String {
     "60s".into()
 }
@@ -527,6 +534,9 @@ pub struct Config {
     pub purge_interval: Duration,
     /// `[idempotency] volatile_headers`: header names, valid field names.
     pub volatile_headers: Vec<String>,
+    /// `[idempotency] key_headers`: valid field names, at least one, no
+    /// two alike (case-insensitively), in priority order.
+    pub key_headers: Vec<String>,
     pub relay: Relay,
     pub delivery: Delivery,
     pub limits: Limits,
@@ -865,6 +875,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
             );
         }
     }
+    check_key_headers(p, &raw.idempotency.key_headers);
 
     let r = &raw.relay;
     let relay = match r.mode.as_str() {
@@ -924,6 +935,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         .chain(raw.trusted_networks.iter().map(|t| t.workspace.as_str()))
         .collect();
     let dkim = dkim::validate_dkim(&raw.dkim, base, &workspaces, p);
+    check_unsigned_key_headers(p, &raw.dkim, &raw.idempotency.key_headers);
     let metrics = raw.metrics.as_ref().and_then(|m| {
         let addr = m.addr.parse::<SocketAddr>();
         if addr.is_err() {
@@ -970,6 +982,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         retention,
         purge_interval,
         volatile_headers: raw.idempotency.volatile_headers.clone(),
+        key_headers: raw.idempotency.key_headers.clone(),
         relay,
         delivery,
         limits,
@@ -1020,6 +1033,48 @@ fn validate_auth(a: &RawAuth, p: &mut Problems) -> AuthSettings {
 /// `Received:` header: printable, no spaces, at most 255 bytes.
 /// Whether `name` can be a header field name (RFC 5322: printable ASCII
 /// except the colon, at least one character).
+/// `[idempotency] key_headers`: a client migrating from another provider
+/// keeps sending its own key header (issue 21 item 2).
+fn check_key_headers(p: &mut Problems, names: &[String]) {
+    const KEY: &str = "idempotency.key_headers";
+    if names.is_empty() {
+        p.add(
+            KEY,
+            "must name at least one header (the default is [\"X-Bird-Idempotency-Key\"])",
+        );
+    }
+    for (i, name) in names.iter().enumerate() {
+        if !is_field_name(name) {
+            p.add(
+                KEY,
+                format!("{name:?} is not a header name (printable ASCII, no spaces or colon)"),
+            );
+        } else if names.iter().take(i).any(|n| n.eq_ignore_ascii_case(name)) {
+            p.add(KEY, format!("{name:?} is listed twice"));
+        }
+    }
+}
+
+/// A key header is removed from the relayed copy (only
+/// X-Bird-Idempotency-Key goes on): a signature over one would break.
+/// X-Bird-Idempotency-Key itself is refused by the signer's own check.
+fn check_unsigned_key_headers(p: &mut Problems, dkim: &[RawDkim], key_headers: &[String]) {
+    for (i, d) in dkim.iter().enumerate() {
+        for (j, h) in d.headers.iter().flatten().enumerate() {
+            let is_key = key_headers.iter().any(|k| k.eq_ignore_ascii_case(h));
+            if is_key && !h.eq_ignore_ascii_case("X-Bird-Idempotency-Key") {
+                p.add(
+                    format!("dkim[{i}].headers[{j}]"),
+                    format!(
+                        "{h} cannot be signed: it is in [idempotency] key_headers, \
+                         so the relayed copy leaves it out"
+                    ),
+                );
+            }
+        }
+    }
+}
+
 fn is_field_name(name: &str) -> bool {
     !name.is_empty()
         && name

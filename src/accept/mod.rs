@@ -28,6 +28,7 @@ use crate::dkim::Signers;
 use crate::idempotency::claims::Claims;
 use crate::idempotency::decision::{Decision, decide};
 use crate::idempotency::fingerprint::Fingerprint;
+use crate::idempotency::key::KeyHeaders;
 use crate::idempotency::key_hash;
 use crate::idempotency::mime_limits::MimeLimits;
 use crate::idempotency::volatile::VolatileHeaders;
@@ -61,6 +62,8 @@ pub struct Acceptor {
     mime_limits: MimeLimits,
     /// Top-level headers whose values the fingerprint leaves out.
     volatile: Arc<VolatileHeaders>,
+    /// Where an SMTP message's key is read (`[idempotency] key_headers`).
+    key_headers: KeyHeaders,
     pool: Pool,
     /// `[[webhook]]` filters: `message.accepted` rows join the commit.
     webhooks: Router,
@@ -98,6 +101,7 @@ impl Acceptor {
                 max_parts: limits.max_mime_parts,
             },
             volatile: Arc::new(volatile),
+            key_headers: KeyHeaders::default(),
             pool,
             webhooks: Router::default(),
             dkim: Arc::new(Signers::default()),
@@ -108,6 +112,12 @@ impl Acceptor {
     /// What the `Received:` header of each new message names.
     pub fn with_trace(mut self, trace: TraceOptions) -> Self {
         self.trace = trace;
+        self
+    }
+
+    /// Reads an SMTP message's key from these headers.
+    pub fn with_key_headers(mut self, key_headers: KeyHeaders) -> Self {
+        self.key_headers = key_headers;
         self
     }
 
@@ -154,14 +164,15 @@ impl Acceptor {
         // then the facts; both read the whole message.
         let looked_at = if sub.content.len() <= INLINE_MAX {
             let facts = check_content(&sub.content)
-                .map(|()| Facts::of(&sub, &source, &limits, &self.volatile));
+                .map(|()| Facts::of(&sub, &source, &limits, &self.volatile, &self.key_headers));
             Ok((sub, source, facts))
         } else {
             let volatile = Arc::clone(&self.volatile);
+            let key_headers = self.key_headers.clone();
             self.pool
                 .run(move || {
                     let facts = check_content(&sub.content)
-                        .map(|()| Facts::of(&sub, &source, &limits, &volatile));
+                        .map(|()| Facts::of(&sub, &source, &limits, &volatile, &key_headers));
                     (sub, source, facts)
                 })
                 .await
