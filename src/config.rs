@@ -1484,6 +1484,43 @@ mode = "pigeon"
         assert!(!err.contains("\"Date\" is not"), "{err}");
     }
 
+    /// Issue 21 item 2: `[idempotency] key_headers` defaults to ours and is
+    /// checked by key.
+    #[test]
+    fn key_headers_default_and_checked_by_key() {
+        let base = "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n[[listener]]\naddr = \"127.0.0.1:0\"\n\
+                    [[trusted_network]]\ncidr = \"127.0.0.1\"\nworkspace = \"w\"\n[relay]\nmode = \"mx\"\n";
+        let load = |extra: &str| Config::from_toml(Path::new("x.toml"), &format!("{base}{extra}"));
+        let defaults = load("").map(|c| c.key_headers);
+        assert_eq!(
+            defaults.map_err(|e| e.to_string()),
+            Ok(vec!["X-Bird-Idempotency-Key".into()])
+        );
+        let ok =
+            load("[idempotency]\nkey_headers = [\"X-Idempotency-Key\", \"Idempotency-Key\"]\n");
+        assert_eq!(
+            ok.map(|c| c.key_headers).map_err(|e| e.to_string()),
+            Ok(vec!["X-Idempotency-Key".into(), "Idempotency-Key".into()])
+        );
+        let err = |extra: &str| load(extra).map(|_| ()).unwrap_err().to_string();
+        let empty = err("[idempotency]\nkey_headers = []\n");
+        assert!(
+            empty.contains("idempotency.key_headers: must name at least one header"),
+            "{empty}"
+        );
+        let bad = err(
+            "[idempotency]\nkey_headers = [\"Idempotency-Key\", \"Idempotency Key\", \"\", \"idempotency-key\"]\n",
+        );
+        for needle in [
+            "idempotency.key_headers: \"Idempotency Key\" is not a header name",
+            "idempotency.key_headers: \"\" is not a header name",
+            "idempotency.key_headers: \"idempotency-key\" is listed twice",
+        ] {
+            assert!(bad.contains(needle), "{needle} missing from {bad}");
+        }
+        assert!(!bad.contains("\"Idempotency-Key\" is"), "{bad}");
+    }
+
     #[test]
     fn unknown_keys_are_rejected() {
         let text = "[server]\nhostname = \"h\"\ndata_dir = \"d\"\nmax_mesage_size = 1\n";
