@@ -1519,6 +1519,16 @@ mode = "pigeon"
             assert!(bad.contains(needle), "{needle} missing from {bad}");
         }
         assert!(!bad.contains("\"Idempotency-Key\" is"), "{bad}");
+        // A listed key header leaves the relayed copy: it cannot be signed.
+        let signed = err(
+            "[idempotency]\nkey_headers = [\"X-Bird-Idempotency-Key\", \"X-Idempotency-Key\"]\n\
+             [[dkim]]\ndomain = \"example.test\"\nselector = \"s\"\nprivate_key = \"missing.pem\"\n\
+             headers = [\"Subject\", \"x-idempotency-key\"]\n",
+        );
+        assert!(
+            signed.contains("dkim[0].headers[1]: x-idempotency-key cannot be signed"),
+            "{signed}"
+        );
     }
 
     #[test]
