@@ -317,6 +317,9 @@ pub struct RawIdempotency {
     /// Top-level trace fields a keyed message's identity leaves out.
     #[serde(default = "default_transit_headers")]
     pub transit_headers: Vec<String>,
+    /// Headers an SMTP message's key is read from, first present wins.
+    #[serde(default = "default_key_headers")]
+    pub key_headers: Vec<String>,
 }
 
 impl Default for RawIdempotency {
@@ -326,6 +329,7 @@ impl Default for RawIdempotency {
             purge_interval: default_purge_interval(),
             volatile_headers: default_volatile_headers(),
             transit_headers: default_transit_headers(),
+            key_headers: default_key_headers(),
         }
     }
 }
@@ -460,6 +464,10 @@ fn default_transit_headers() -> Vec<String> {
         .map(String::from)
         .to_vec()
 }
+
+fn default_key_headers() -> Vec<String> {
+    vec!["X-Bird-Idempotency-Key".into()]
+}
 fn default_purge_interval() -> String {
     "60s".into()
 }
@@ -539,6 +547,9 @@ pub struct Config {
     /// `[idempotency] transit_headers`: header names, each valid or a valid
     /// prefix with a trailing `*`.
     pub transit_headers: Vec<String>,
+    /// `[idempotency] key_headers`: valid field names, at least one, no
+    /// two alike (case-insensitively), in priority order.
+    pub key_headers: Vec<String>,
     pub relay: Relay,
     pub delivery: Delivery,
     pub limits: Limits,
@@ -877,6 +888,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
             );
         }
     }
+    check_key_headers(p, &raw.idempotency.key_headers);
 
     for name in &raw.idempotency.transit_headers {
         if !is_field_name(name.strip_suffix('*').unwrap_or(name)) {
@@ -948,6 +960,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         .chain(raw.trusted_networks.iter().map(|t| t.workspace.as_str()))
         .collect();
     let dkim = dkim::validate_dkim(&raw.dkim, base, &workspaces, p);
+    check_unsigned_key_headers(p, &raw.dkim, &raw.idempotency.key_headers);
     let metrics = raw.metrics.as_ref().and_then(|m| {
         let addr = m.addr.parse::<SocketAddr>();
         if addr.is_err() {
@@ -995,6 +1008,7 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
         purge_interval,
         volatile_headers: raw.idempotency.volatile_headers.clone(),
         transit_headers: raw.idempotency.transit_headers.clone(),
+        key_headers: raw.idempotency.key_headers.clone(),
         relay,
         delivery,
         limits,
@@ -1045,6 +1059,48 @@ fn validate_auth(a: &RawAuth, p: &mut Problems) -> AuthSettings {
 /// `Received:` header: printable, no spaces, at most 255 bytes.
 /// Whether `name` can be a header field name (RFC 5322: printable ASCII
 /// except the colon, at least one character).
+/// `[idempotency] key_headers`: a client migrating from another provider
+/// keeps sending its own key header (issue 21 item 2).
+fn check_key_headers(p: &mut Problems, names: &[String]) {
+    const KEY: &str = "idempotency.key_headers";
+    if names.is_empty() {
+        p.add(
+            KEY,
+            "must name at least one header (the default is [\"X-Bird-Idempotency-Key\"])",
+        );
+    }
+    for (i, name) in names.iter().enumerate() {
+        if !is_field_name(name) {
+            p.add(
+                KEY,
+                format!("{name:?} is not a header name (printable ASCII, no spaces or colon)"),
+            );
+        } else if names.iter().take(i).any(|n| n.eq_ignore_ascii_case(name)) {
+            p.add(KEY, format!("{name:?} is listed twice"));
+        }
+    }
+}
+
+/// A key header is removed from the relayed copy (only
+/// X-Bird-Idempotency-Key goes on): a signature over one would break.
+/// X-Bird-Idempotency-Key itself is refused by the signer's own check.
+fn check_unsigned_key_headers(p: &mut Problems, dkim: &[RawDkim], key_headers: &[String]) {
+    for (i, d) in dkim.iter().enumerate() {
+        for (j, h) in d.headers.iter().flatten().enumerate() {
+            let is_key = key_headers.iter().any(|k| k.eq_ignore_ascii_case(h));
+            if is_key && !h.eq_ignore_ascii_case("X-Bird-Idempotency-Key") {
+                p.add(
+                    format!("dkim[{i}].headers[{j}]"),
+                    format!(
+                        "{h} cannot be signed: it is in [idempotency] key_headers, \
+                         so the relayed copy leaves it out"
+                    ),
+                );
+            }
+        }
+    }
+}
+
 fn is_field_name(name: &str) -> bool {
     !name.is_empty()
         && name
@@ -1482,6 +1538,53 @@ mode = "pigeon"
             );
         }
         assert!(!err.contains("\"Date\" is not"), "{err}");
+    }
+
+    /// Issue 21 item 2: `[idempotency] key_headers` defaults to ours and is
+    /// checked by key.
+    #[test]
+    fn key_headers_default_and_checked_by_key() {
+        let base = "[server]\nhostname = \"h\"\ndata_dir = \"d\"\n[[listener]]\naddr = \"127.0.0.1:0\"\n\
+                    [[trusted_network]]\ncidr = \"127.0.0.1\"\nworkspace = \"w\"\n[relay]\nmode = \"mx\"\n";
+        let load = |extra: &str| Config::from_toml(Path::new("x.toml"), &format!("{base}{extra}"));
+        let defaults = load("").map(|c| c.key_headers);
+        assert_eq!(
+            defaults.map_err(|e| e.to_string()),
+            Ok(vec!["X-Bird-Idempotency-Key".into()])
+        );
+        let ok =
+            load("[idempotency]\nkey_headers = [\"X-Idempotency-Key\", \"Idempotency-Key\"]\n");
+        assert_eq!(
+            ok.map(|c| c.key_headers).map_err(|e| e.to_string()),
+            Ok(vec!["X-Idempotency-Key".into(), "Idempotency-Key".into()])
+        );
+        let err = |extra: &str| load(extra).map(|_| ()).unwrap_err().to_string();
+        let empty = err("[idempotency]\nkey_headers = []\n");
+        assert!(
+            empty.contains("idempotency.key_headers: must name at least one header"),
+            "{empty}"
+        );
+        let bad = err(
+            "[idempotency]\nkey_headers = [\"Idempotency-Key\", \"Idempotency Key\", \"\", \"idempotency-key\"]\n",
+        );
+        for needle in [
+            "idempotency.key_headers: \"Idempotency Key\" is not a header name",
+            "idempotency.key_headers: \"\" is not a header name",
+            "idempotency.key_headers: \"idempotency-key\" is listed twice",
+        ] {
+            assert!(bad.contains(needle), "{needle} missing from {bad}");
+        }
+        assert!(!bad.contains("\"Idempotency-Key\" is"), "{bad}");
+        // A listed key header leaves the relayed copy: it cannot be signed.
+        let signed = err(
+            "[idempotency]\nkey_headers = [\"X-Bird-Idempotency-Key\", \"X-Idempotency-Key\"]\n\
+             [[dkim]]\ndomain = \"example.test\"\nselector = \"s\"\nprivate_key = \"missing.pem\"\n\
+             headers = [\"Subject\", \"x-idempotency-key\"]\n",
+        );
+        assert!(
+            signed.contains("dkim[0].headers[1]: x-idempotency-key cannot be signed"),
+            "{signed}"
+        );
     }
 
     #[test]

@@ -745,6 +745,7 @@ fn outgoing(recipients: &[&str]) -> Outgoing {
         idempotency_key: None,
         trace: "Received: from test by relay.test; date\r\n".into(),
         body: message(None, "mx"),
+        key_headers: Default::default(),
     }
 }
 

@@ -6,7 +6,7 @@
 use sha2::{Digest, Sha256};
 
 use crate::idempotency::fingerprint::{Fingerprint, fingerprint_checked, keyed_fingerprint};
-use crate::idempotency::key::{KeyError, MAX_KEY_CHARS, extract_key};
+use crate::idempotency::key::{KeyError, KeyHeaders, MAX_KEY_CHARS};
 use crate::idempotency::mime_limits::{self, MimeLimitError, MimeLimits};
 use crate::idempotency::transit::TransitHeaders;
 use crate::idempotency::volatile::VolatileHeaders;
@@ -43,8 +43,9 @@ impl Facts {
         limits: &MimeLimits,
         volatile: &VolatileHeaders,
         transit: &TransitHeaders,
+        key_headers: &KeyHeaders,
     ) -> Facts {
-        let verdict = match key_of(sub, source) {
+        let verdict = match key_of(sub, source, key_headers) {
             Err(e) => Verdict::BadKey(e),
             Ok(key) => match (mime_limits::check(&sub.content, limits), key) {
                 (Err(error), key) => Verdict::OverLimits { error, key },
@@ -106,16 +107,25 @@ pub fn earlier_fingerprints(
     earlier
 }
 
-fn key_of(sub: &Submission, source: &KeySource) -> Result<Option<String>, KeyError> {
+/// SMTP reads the key from the message's configured key headers
+/// (`[idempotency] key_headers`); HTTP from its request header.
+fn key_of(
+    sub: &Submission,
+    source: &KeySource,
+    key_headers: &KeyHeaders,
+) -> Result<Option<String>, KeyError> {
     match source {
-        KeySource::MessageHeader => extract_key(&sub.content),
+        KeySource::MessageHeader => key_headers.extract(&sub.content),
         KeySource::Request { key, .. } => {
             let Some(key) = key.as_deref().map(str::trim).filter(|k| !k.is_empty()) else {
                 return Ok(None);
             };
             let chars = key.chars().count();
             if chars > MAX_KEY_CHARS {
-                return Err(KeyError::TooLong(chars));
+                return Err(KeyError::TooLong {
+                    header: "Idempotency-Key".into(),
+                    chars,
+                });
             }
             Ok(Some(key.to_owned()))
         }

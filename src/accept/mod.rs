@@ -28,6 +28,7 @@ use crate::dkim::Signers;
 use crate::idempotency::claims::Claims;
 use crate::idempotency::decision::{Decision, decide};
 use crate::idempotency::fingerprint::Fingerprint;
+use crate::idempotency::key::KeyHeaders;
 use crate::idempotency::key_hash;
 use crate::idempotency::mime_limits::MimeLimits;
 use crate::idempotency::transit::TransitHeaders;
@@ -64,6 +65,8 @@ pub struct Acceptor {
     volatile: Arc<VolatileHeaders>,
     /// Top-level trace fields a keyed message's identity leaves out.
     transit: Arc<TransitHeaders>,
+    /// Where an SMTP message's key is read (`[idempotency] key_headers`).
+    key_headers: KeyHeaders,
     pool: Pool,
     /// `[[webhook]]` filters: `message.accepted` rows join the commit.
     webhooks: Router,
@@ -102,6 +105,7 @@ impl Acceptor {
             },
             volatile: Arc::new(volatile),
             transit: Arc::new(TransitHeaders::default()),
+            key_headers: KeyHeaders::default(),
             pool,
             webhooks: Router::default(),
             dkim: Arc::new(Signers::default()),
@@ -119,6 +123,12 @@ impl Acceptor {
     /// What the `Received:` header of each new message names.
     pub fn with_trace(mut self, trace: TraceOptions) -> Self {
         self.trace = trace;
+        self
+    }
+
+    /// Reads an SMTP message's key from these headers.
+    pub fn with_key_headers(mut self, key_headers: KeyHeaders) -> Self {
+        self.key_headers = key_headers;
         self
     }
 
@@ -164,16 +174,26 @@ impl Acceptor {
         // The content rule first (every channel, the message as stored),
         // then the facts; both read the whole message.
         let looked_at = if sub.content.len() <= INLINE_MAX {
-            let facts = check_content(&sub.content)
-                .map(|()| Facts::of(&sub, &source, &limits, &self.volatile, &self.transit));
+            let facts = check_content(&sub.content).map(|()| {
+                Facts::of(
+                    &sub,
+                    &source,
+                    &limits,
+                    &self.volatile,
+                    &self.transit,
+                    &self.key_headers,
+                )
+            });
             Ok((sub, source, facts))
         } else {
             let volatile = Arc::clone(&self.volatile);
             let transit = Arc::clone(&self.transit);
+            let key_headers = self.key_headers.clone();
             self.pool
                 .run(move || {
-                    let facts = check_content(&sub.content)
-                        .map(|()| Facts::of(&sub, &source, &limits, &volatile, &transit));
+                    let facts = check_content(&sub.content).map(|()| {
+                        Facts::of(&sub, &source, &limits, &volatile, &transit, &key_headers)
+                    });
                     (sub, source, facts)
                 })
                 .await

@@ -21,11 +21,16 @@
 //! there without a request key). Either way the next hop gets the ledger's
 //! key (or `smtp-once-<queue-id>`), never one the client chose apart from
 //! it. Over SMTP the stored key is read from the body, so its bytes go out
-//! unchanged.
+//! unchanged when it came in `X-Bird-Idempotency-Key` alone.
+//!
+//! Whatever header the key came in (`[idempotency] key_headers`:
+//! `X-Idempotency-Key`, `Idempotency-Key`...), it leaves in
+//! `X-Bird-Idempotency-Key`, and every configured key header of the body is
+//! left out: the next hop, whatever names it reads, sees one key.
 
 use sha2::{Digest, Sha256};
 
-use crate::idempotency::key::{HEADER_NAME, MAX_KEY_CHARS, extract_key, field_spans};
+use crate::idempotency::key::{HEADER_NAME, KeyHeaders, MAX_KEY_CHARS, extract_key, field_spans};
 
 /// The key for a transaction to `subset` of the message's `all` recipients.
 pub fn hop_key(
@@ -47,7 +52,8 @@ pub fn hop_key(
     }
 }
 
-/// The message as relayed to `subset` of the recipients.
+/// The message as relayed to `subset` of the recipients; `key_headers`
+/// are the names the key may have come in (`[idempotency] key_headers`).
 pub fn relayed(
     queue_id: &str,
     trace: &str,
@@ -55,23 +61,25 @@ pub fn relayed(
     submitter_key: Option<&str>,
     all: &[String],
     subset: &[String],
+    key_headers: &KeyHeaders,
 ) -> Vec<u8> {
     let key = hop_key(queue_id, submitter_key, all, subset);
     let mut out = Vec::with_capacity(trace.len() + key.len() + body.len() + 32);
     out.extend_from_slice(trace.as_bytes());
-    if submitter_key == Some(key.as_str()) && body_key(body).as_deref() == Some(key.as_str()) {
+    if submitter_key == Some(key.as_str()) && carries_only(body, &key, key_headers) {
         // The body carries the key already, byte for byte as submitted.
         out.extend_from_slice(body);
         return out;
     }
     out.extend_from_slice(format!("{HEADER_NAME}: {key}\r\n").as_bytes());
-    // Any key header of the body (empty, or the submitter's key that this
-    // transaction replaces) goes, so the next hop sees exactly one key.
+    // Any key header of the body (empty, the submitter's key that this
+    // transaction replaces, or the key under another configured name) goes,
+    // so the next hop sees exactly one key.
     let mut pos = 0;
     for field in field_spans(body) {
         let is_key = body
             .get(field.name.clone())
-            .is_some_and(|n| n.eq_ignore_ascii_case(HEADER_NAME.as_bytes()));
+            .is_some_and(|n| key_headers.is_removed_on_relay(n));
         if !is_key {
             continue;
         }
@@ -88,9 +96,15 @@ pub fn relayed(
     out
 }
 
-/// The key the body's own header names, if it names exactly one.
-fn body_key(body: &[u8]) -> Option<String> {
-    extract_key(body).ok().flatten()
+/// Whether the body names `key` in `X-Bird-Idempotency-Key` and in no
+/// other key header: then it can go out as it is.
+fn carries_only(body: &[u8], key: &str, key_headers: &KeyHeaders) -> bool {
+    let other_names = field_spans(body).any(|f| {
+        body.get(f.name).is_some_and(|n| {
+            key_headers.is_removed_on_relay(n) && !n.eq_ignore_ascii_case(HEADER_NAME.as_bytes())
+        })
+    });
+    !other_names && extract_key(body).ok().flatten().as_deref() == Some(key)
 }
 
 fn same_set(a: &[String], b: &[String]) -> bool {
@@ -133,7 +147,15 @@ mod tests {
     fn a_full_transaction_keeps_the_submitters_bytes() {
         let body = b"X-Bird-Idempotency-Key: k1\r\nSubject: s\r\n\r\nhi\r\n";
         let all = v(&["a@x", "b@y"]);
-        let out = relayed("Q1", TRACE, body, Some("k1"), &all, &v(&["b@y", "a@x"]));
+        let out = relayed(
+            "Q1",
+            TRACE,
+            body,
+            Some("k1"),
+            &all,
+            &v(&["b@y", "a@x"]),
+            &KeyHeaders::default(),
+        );
         assert_eq!(out, [TRACE.as_bytes(), body].concat());
     }
 
@@ -141,7 +163,7 @@ mod tests {
     fn without_a_key_one_is_derived_from_the_queue_id() {
         let body = b"X-Bird-Idempotency-Key:  \r\nSubject: s\r\n\r\nhi\r\n";
         let all = v(&["a@x"]);
-        let out = relayed("Q1", TRACE, body, None, &all, &all);
+        let out = relayed("Q1", TRACE, body, None, &all, &all, &KeyHeaders::default());
         let text = String::from_utf8(out.clone()).unwrap();
         assert!(text.starts_with(TRACE), "{text}");
         assert_eq!(extract_key(&out), Ok(Some("smtp-once-Q1".into())));
@@ -162,6 +184,7 @@ mod tests {
             Some("k1 folded"),
             &all,
             &v(&["b@y", "c@z"]),
+            &KeyHeaders::default(),
         );
         let again = relayed(
             "Q1",
@@ -170,8 +193,17 @@ mod tests {
             Some("k1 folded"),
             &all,
             &v(&["c@z", "b@y"]),
+            &KeyHeaders::default(),
         );
-        let other = relayed("Q1", TRACE, body, Some("k1 folded"), &all, &v(&["c@z"]));
+        let other = relayed(
+            "Q1",
+            TRACE,
+            body,
+            Some("k1 folded"),
+            &all,
+            &v(&["c@z"]),
+            &KeyHeaders::default(),
+        );
         assert_eq!(first, again);
         let k1 = extract_key(&first).unwrap().unwrap();
         let k2 = extract_key(&other).unwrap().unwrap();
@@ -191,12 +223,53 @@ mod tests {
             b"X-Bird-Idempotency-Key: theirs\r\nSubject: s\r\n\r\nhi\r\n",
             b"X-Bird-Idempotency-Key: k1\r\nX-Bird-Idempotency-Key: theirs\r\n\r\nhi\r\n",
         ] {
-            let out = relayed("Q1", TRACE, body, Some("k1"), &all, &all);
+            let out = relayed(
+                "Q1",
+                TRACE,
+                body,
+                Some("k1"),
+                &all,
+                &all,
+                &KeyHeaders::default(),
+            );
             let text = String::from_utf8(out.clone()).unwrap();
             assert_eq!(extract_key(&out), Ok(Some("k1".into())), "{text}");
             assert_eq!(text.matches("dempotency-Key").count(), 1, "{text}");
             assert!(text.ends_with("\r\n\r\nhi\r\n"), "{text}");
         }
+    }
+
+    /// Issue 21 item 2: a key that came in another configured header leaves
+    /// in X-Bird-Idempotency-Key alone.
+    #[test]
+    fn a_key_from_another_header_leaves_in_ours_alone() {
+        let headers = KeyHeaders::new([HEADER_NAME, "X-Idempotency-Key", "Idempotency-Key"]);
+        let all = v(&["a@x"]);
+        for body in [
+            &b"X-Idempotency-Key: k1\r\nSubject: s\r\n\r\nhi\r\n"[..],
+            b"Idempotency-Key: k1\r\nX-Bird-Idempotency-Key: k1\r\nSubject: s\r\n\r\nhi\r\n",
+            b"x-idempotency-key:\r\n k1\r\nIdempotency-Key: k1\r\nSubject: s\r\n\r\nhi\r\n",
+        ] {
+            let out = relayed("Q1", TRACE, body, Some("k1"), &all, &all, &headers);
+            let text = String::from_utf8(out.clone()).unwrap();
+            assert_eq!(
+                text,
+                format!("{TRACE}X-Bird-Idempotency-Key: k1\r\nSubject: s\r\n\r\nhi\r\n")
+            );
+            assert_eq!(headers.extract(&out), Ok(Some("k1".into())), "{text}");
+        }
+        // The default list leaves an unlisted Idempotency-Key alone.
+        let body = b"Idempotency-Key: app\r\nX-Bird-Idempotency-Key: k1\r\n\r\nhi\r\n";
+        let out = relayed(
+            "Q1",
+            TRACE,
+            body,
+            Some("k1"),
+            &all,
+            &all,
+            &KeyHeaders::default(),
+        );
+        assert_eq!(out, [TRACE.as_bytes(), body].concat());
     }
 
     #[test]

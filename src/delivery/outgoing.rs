@@ -3,6 +3,7 @@
 //! `transport.rs` share it without depending on each other.
 
 use super::content;
+use crate::idempotency::key::KeyHeaders;
 
 /// A queued message, as loaded for delivery.
 #[derive(Debug, Clone)]
@@ -14,6 +15,9 @@ pub struct Outgoing {
     pub idempotency_key: Option<String>,
     pub trace: String,
     pub body: Vec<u8>,
+    /// `[idempotency] key_headers`: the key headers the relayed copy
+    /// replaces with one `X-Bird-Idempotency-Key`.
+    pub key_headers: KeyHeaders,
 }
 
 impl Outgoing {
@@ -26,6 +30,7 @@ impl Outgoing {
             self.idempotency_key.as_deref(),
             &self.recipients,
             subset,
+            &self.key_headers,
         )
     }
 }

@@ -52,6 +52,8 @@ impl From<ClaimedMessage> for Loaded {
                 idempotency_key: m.idempotency_key,
                 trace: m.trace,
                 body: m.body,
+                // The worker sets the configured ones.
+                key_headers: Default::default(),
             },
             workspace: m.workspace,
             created_at: m.created_at,

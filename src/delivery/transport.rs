@@ -126,6 +126,7 @@ mod tests {
             idempotency_key: None,
             trace: "Received: test\r\n".into(),
             body: b"Subject: x\r\n\r\nbody\r\n".to_vec(),
+            key_headers: Default::default(),
         }
     }
 

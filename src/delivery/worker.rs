@@ -22,6 +22,7 @@ use super::queue::{self, Loaded};
 use super::transport::Transport;
 use super::{DeliveryError, RcptResult, Status};
 use crate::config::Config;
+use crate::idempotency::key::KeyHeaders;
 use crate::store::{
     AttemptOutcome, DeliveryQueue, MessageState, NewMessage, StoreError, UnixMillis, now_millis,
     queue_id,
@@ -55,6 +56,8 @@ struct Ctx {
     test_pause: Duration,
     /// `[[webhook]]` filters: each attempt's events join its record.
     webhooks: Router,
+    /// `[idempotency] key_headers`: what the relayed copy replaces.
+    key_headers: KeyHeaders,
 }
 
 fn millis(d: Duration) -> i64 {
@@ -89,6 +92,7 @@ impl Worker {
             in_flight: Mutex::new(HashSet::new()),
             test_pause: d.test_pause_after_send,
             webhooks,
+            key_headers: KeyHeaders::new(config.key_headers.iter().cloned()),
         });
         if !ctx.test_pause.is_zero() {
             tracing::warn!(pause = ?ctx.test_pause, "relay.delivery_test_pause_after_send is set: TEST ONLY");
@@ -186,7 +190,9 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mu
                             break;
                         };
                         let guard = InFlight::new(&ctx, &msg.id);
-                        tasks.spawn(deliver_one(ctx.clone(), Loaded::from(msg), permit, guard));
+                        let mut loaded = Loaded::from(msg);
+                        loaded.msg.key_headers = ctx.key_headers.clone();
+                        tasks.spawn(deliver_one(ctx.clone(), loaded, permit, guard));
                     }
                 }
                 Err(StoreError::Unavailable(why)) => {

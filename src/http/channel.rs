@@ -122,9 +122,13 @@ impl Channel for Http {
 
     fn bad_key(&self, error_: &KeyError) -> Vec<u8> {
         let message = match error_ {
-            KeyError::TooLong(n) => format!("Idempotency-Key is longer than 255 characters ({n})"),
-            KeyError::Conflicting => "Idempotency-Key is given twice with different values".into(),
-            KeyError::NotUtf8 => "Idempotency-Key is not valid UTF-8".into(),
+            KeyError::TooLong { chars, .. } => {
+                format!("Idempotency-Key is longer than 255 characters ({chars})")
+            }
+            KeyError::Repeated { .. } | KeyError::Conflicting { .. } => {
+                "Idempotency-Key is given twice with different values".into()
+            }
+            KeyError::NotUtf8 { .. } => "Idempotency-Key is not valid UTF-8".into(),
         };
         error(422, "E01001", &message)
     }
@@ -182,7 +186,14 @@ mod tests {
         for (bytes, status, code) in [
             (Http.in_progress(), 409, "E01004"),
             (Http.unavailable(), 503, "E01033"),
-            (Http.bad_key(&KeyError::TooLong(300)), 422, "E01001"),
+            (
+                Http.bad_key(&KeyError::TooLong {
+                    header: "Idempotency-Key".into(),
+                    chars: 300,
+                }),
+                422,
+                "E01001",
+            ),
             (Http.replay(b"250 2.0.0 Ok\r\n"), 409, "E01005"),
         ] {
             let a = decode(&bytes);

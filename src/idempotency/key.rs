@@ -1,4 +1,7 @@
-//! Extraction of the `X-Bird-Idempotency-Key` header from a raw message.
+//! Extraction of the idempotency key header from a raw message: by default
+//! `X-Bird-Idempotency-Key`, or any of the names in `[idempotency]
+//! key_headers` ([`KeyHeaders`]), so a client written for another provider
+//! keeps its keys.
 //!
 //! This is a hand-written scanner rather than mail-parser: it runs on every
 //! accepted message, so it must be cheap (it only walks the top-level header
@@ -11,57 +14,131 @@
 
 use std::borrow::Cow;
 use std::ops::Range;
+use std::sync::Arc;
 
 /// Longest accepted key, counted in Unicode scalar values (chars), not bytes.
 pub const MAX_KEY_CHARS: usize = 255;
-/// The header that carries the idempotency key (matched case-insensitively).
+/// The header that carries the idempotency key (matched case-insensitively),
+/// and the one smtp-once always writes for the next hop.
 pub const HEADER_NAME: &str = "X-Bird-Idempotency-Key";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
-    #[error("X-Bird-Idempotency-Key is longer than 255 characters ({0})")]
-    TooLong(usize),
-    #[error("X-Bird-Idempotency-Key appears more than once with different values")]
-    Conflicting,
-    #[error("X-Bird-Idempotency-Key is not valid UTF-8")]
-    NotUtf8,
+    #[error("{header} is longer than 255 characters ({chars})")]
+    TooLong { header: String, chars: usize },
+    #[error("{header} appears more than once with different values")]
+    Repeated { header: String },
+    /// Two of the configured key headers name different keys.
+    #[error("{first} and {second} carry different keys")]
+    Conflicting { first: String, second: String },
+    #[error("{header} is not valid UTF-8")]
+    NotUtf8 { header: String },
 }
 
-/// Extracts the idempotency key from the message's top-level header section.
-///
-/// `Ok(None)`: the header is absent or empty (no deduplication).
-/// `Ok(Some(key))`: the unfolded value with surrounding whitespace trimmed.
-///
-/// - Folding: a line break followed by SP/HT is removed, the SP/HT is kept.
-/// - Trimming: SP, HT, CR and LF around the value are removed (not other
-///   Unicode whitespace: the key is compared byte for byte afterwards).
-/// - Repeated header: fine when every non-empty occurrence has the same value,
-///   [`KeyError::Conflicting`] otherwise. Empty occurrences are ignored rather
-///   than counted as a conflict: an empty header carries no key, so it neither
-///   asks for deduplication nor contradicts a key given elsewhere.
-/// - Errors are reported for the first offending occurrence in header order.
-pub fn extract_key(message: &[u8]) -> Result<Option<String>, KeyError> {
-    let mut key: Option<Cow<'_, str>> = None;
-    for (name, raw) in top_level_headers(message) {
-        if !name.eq_ignore_ascii_case(HEADER_NAME.as_bytes()) {
-            continue;
-        }
-        let value = unfold(trim_wsp(raw));
-        if value.is_empty() {
-            continue;
-        }
-        let value = into_str(value)?;
-        let chars = value.chars().count();
-        if chars > MAX_KEY_CHARS {
-            return Err(KeyError::TooLong(chars));
-        }
-        match &key {
-            None => key = Some(value),
-            Some(prev) if *prev == value => {}
-            Some(_) => return Err(KeyError::Conflicting),
+/// The header names a key is read from (`[idempotency] key_headers`),
+/// matched ASCII case-insensitively. Cheap to clone: shared by every
+/// acceptance and every delivery attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyHeaders {
+    names: Arc<[String]>,
+}
+
+impl Default for KeyHeaders {
+    fn default() -> Self {
+        Self::new([HEADER_NAME])
+    }
+}
+
+impl KeyHeaders {
+    /// `names` in priority order; the config has checked that they are
+    /// field names, not empty and without duplicates.
+    pub fn new<S: Into<String>>(names: impl IntoIterator<Item = S>) -> Self {
+        Self {
+            names: names.into_iter().map(Into::into).collect(),
         }
     }
-    Ok(key.map(Cow::into_owned))
+
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The list position of `name`, if it is a key header.
+    fn position(&self, name: &[u8]) -> Option<usize> {
+        self.names
+            .iter()
+            .position(|n| n.as_bytes().eq_ignore_ascii_case(name))
+    }
+
+    /// Whether a relayed copy must drop a field named `name`: any key
+    /// header, and always `X-Bird-Idempotency-Key` (the one written for the
+    /// next hop, which must be the only key it sees).
+    pub fn is_removed_on_relay(&self, name: &[u8]) -> bool {
+        self.position(name).is_some() || name.eq_ignore_ascii_case(HEADER_NAME.as_bytes())
+    }
+
+    /// Extracts the idempotency key from the message's top-level header
+    /// section, from the first listed name that is present (list order, not
+    /// message order).
+    ///
+    /// `Ok(None)`: no listed header, or only empty ones (no deduplication).
+    /// `Ok(Some(key))`: the unfolded value with surrounding whitespace trimmed.
+    ///
+    /// - Folding: a line break followed by SP/HT is removed, the SP/HT is kept.
+    /// - Trimming: SP, HT, CR and LF around the value are removed (not other
+    ///   Unicode whitespace: the key is compared byte for byte afterwards).
+    /// - Several occurrences, under one listed name or under several: fine
+    ///   when every non-empty one has the same value, an error otherwise
+    ///   ([`KeyError::Repeated`], [`KeyError::Conflicting`]): a message that
+    ///   names two keys is refused rather than deduplicated on a guess. So the
+    ///   list order decides only which name a refusal names first. Empty
+    ///   occurrences are ignored: an empty header carries no key, so it
+    ///   neither asks for deduplication nor contradicts a key given elsewhere.
+    /// - Errors are reported for the first offending occurrence in header order.
+    pub fn extract(&self, message: &[u8]) -> Result<Option<String>, KeyError> {
+        // (list position, value) of the first occurrence: every later one
+        // must agree, so which one is kept does not change the key.
+        let mut key: Option<(usize, Cow<'_, str>)> = None;
+        for (name, raw) in top_level_headers(message) {
+            let Some(at) = self.position(name) else {
+                continue;
+            };
+            let header = || self.names.get(at).cloned().unwrap_or_default();
+            let value = unfold(trim_wsp(raw));
+            if value.is_empty() {
+                continue;
+            }
+            let value = into_str(value).ok_or_else(|| KeyError::NotUtf8 { header: header() })?;
+            let chars = value.chars().count();
+            if chars > MAX_KEY_CHARS {
+                return Err(KeyError::TooLong {
+                    header: header(),
+                    chars,
+                });
+            }
+            match &key {
+                None => key = Some((at, value)),
+                Some((_, prev)) if *prev == value => {}
+                Some((first, _)) if *first == at => {
+                    return Err(KeyError::Repeated { header: header() });
+                }
+                Some((first, _)) => {
+                    let (a, b) = ((*first).min(at), (*first).max(at));
+                    let name = |i: usize| self.names.get(i).cloned().unwrap_or_default();
+                    return Err(KeyError::Conflicting {
+                        first: name(a),
+                        second: name(b),
+                    });
+                }
+            }
+        }
+        Ok(key.map(|(_, k)| k.into_owned()))
+    }
+}
+
+/// The key of `X-Bird-Idempotency-Key` alone (the default `key_headers`);
+/// see [`KeyHeaders::extract`].
+pub fn extract_key(message: &[u8]) -> Result<Option<String>, KeyError> {
+    KeyHeaders::default().extract(message)
 }
 
 /// Iterates the top-level header fields: (name, raw value bytes including
@@ -231,14 +308,10 @@ fn unfold(v: &[u8]) -> Cow<'_, [u8]> {
     Cow::Owned(out)
 }
 
-fn into_str(v: Cow<'_, [u8]>) -> Result<Cow<'_, str>, KeyError> {
+fn into_str(v: Cow<'_, [u8]>) -> Option<Cow<'_, str>> {
     match v {
-        Cow::Borrowed(b) => std::str::from_utf8(b)
-            .map(Cow::Borrowed)
-            .map_err(|_| KeyError::NotUtf8),
-        Cow::Owned(b) => String::from_utf8(b)
-            .map(Cow::Owned)
-            .map_err(|_| KeyError::NotUtf8),
+        Cow::Borrowed(b) => std::str::from_utf8(b).ok().map(Cow::Borrowed),
+        Cow::Owned(b) => String::from_utf8(b).ok().map(Cow::Owned),
     }
 }
 
@@ -316,7 +389,9 @@ mod tests {
         // Value is case-sensitive.
         assert_eq!(
             key("X-Bird-Idempotency-Key: K1\r\nx-bird-idempotency-key: k1\r\n\r\n"),
-            Err(KeyError::Conflicting)
+            Err(KeyError::Repeated {
+                header: HEADER_NAME.into()
+            })
         );
     }
 
@@ -341,7 +416,9 @@ mod tests {
         );
         assert_eq!(
             key("X-Bird-Idempotency-Key: k\r\nX-Bird-Idempotency-Key: j\r\n\r\n"),
-            Err(KeyError::Conflicting)
+            Err(KeyError::Repeated {
+                header: HEADER_NAME.into()
+            })
         );
         // Empty occurrences are ignored, not a conflict.
         assert_eq!(
@@ -366,7 +443,10 @@ mod tests {
         let long = "日".repeat(MAX_KEY_CHARS + 1);
         assert_eq!(
             key(&format!("X-Bird-Idempotency-Key: {long}\r\n\r\n")),
-            Err(KeyError::TooLong(256))
+            Err(KeyError::TooLong {
+                header: HEADER_NAME.into(),
+                chars: 256
+            })
         );
         // Surrounding whitespace does not count.
         let ascii = "a".repeat(MAX_KEY_CHARS);
@@ -380,7 +460,9 @@ mod tests {
     fn not_utf8() {
         assert_eq!(
             extract_key(b"X-Bird-Idempotency-Key: ab\xff\xfe\r\n\r\n"),
-            Err(KeyError::NotUtf8)
+            Err(KeyError::NotUtf8 {
+                header: HEADER_NAME.into()
+            })
         );
         // Invalid bytes in other headers or in the body do not matter.
         assert_eq!(
@@ -416,6 +498,99 @@ mod tests {
             ),
             Ok(Some("k".into()))
         );
+    }
+
+    /// Issue 21 item 2: `[idempotency] key_headers` as a team migrating
+    /// from JetEmail or EmailEngine would set it.
+    fn migrating() -> KeyHeaders {
+        KeyHeaders::new([HEADER_NAME, "X-Idempotency-Key", "Idempotency-Key"])
+    }
+
+    #[test]
+    fn any_listed_name_carries_the_key() {
+        let h = migrating();
+        let m = |s: &str| h.extract(s.as_bytes());
+        assert_eq!(m("X-Idempotency-Key: k1\r\n\r\n"), Ok(Some("k1".into())));
+        assert_eq!(m("Idempotency-Key: k2\r\n\r\n"), Ok(Some("k2".into())));
+        // Names match case-insensitively.
+        assert_eq!(m("x-IDEMPOTENCY-key: k3\r\n\r\n"), Ok(Some("k3".into())));
+        // Folded values unfold as under the default name.
+        assert_eq!(
+            m("Subject: s\r\nIdempotency-Key: abc\r\n def\r\n\r\n"),
+            Ok(Some("abc def".into()))
+        );
+        // Not listed: not a key.
+        assert_eq!(m("X-EE-Idempotency-Key: k4\r\n\r\n"), Ok(None));
+        // The default list reads X-Bird-Idempotency-Key only.
+        assert_eq!(key("X-Idempotency-Key: k1\r\n\r\n"), Ok(None));
+        assert_eq!(key("Idempotency-Key: k1\r\n\r\n"), Ok(None));
+    }
+
+    #[test]
+    fn first_listed_wins_and_the_same_value_agrees() {
+        let h = migrating();
+        // The same key under several names, in any message order: one key.
+        for msg in [
+            "Idempotency-Key: k1\r\nX-Bird-Idempotency-Key: k1\r\n\r\n",
+            "X-Bird-Idempotency-Key: k1\r\nX-Idempotency-Key:\r\n k1\r\n\r\n",
+            // An empty listed header is no key and no conflict.
+            "X-Bird-Idempotency-Key:\r\nIdempotency-Key: k1\r\n\r\n",
+        ] {
+            assert_eq!(h.extract(msg.as_bytes()), Ok(Some("k1".into())), "{msg}");
+        }
+        // Only the first name listed is a key header here.
+        let only = KeyHeaders::new(["Idempotency-Key"]);
+        assert_eq!(
+            only.extract(b"X-Bird-Idempotency-Key: other\r\nIdempotency-Key: k1\r\n\r\n"),
+            Ok(Some("k1".into()))
+        );
+    }
+
+    #[test]
+    fn different_values_under_two_names_are_refused() {
+        let h = migrating();
+        let err = h
+            .extract(b"Idempotency-Key: k2\r\nX-Idempotency-Key: k1\r\n\r\n")
+            .unwrap_err();
+        // Named in list order, whatever the message order.
+        assert_eq!(
+            err,
+            KeyError::Conflicting {
+                first: "X-Idempotency-Key".into(),
+                second: "Idempotency-Key".into()
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "X-Idempotency-Key and Idempotency-Key carry different keys"
+        );
+        assert_eq!(
+            h.extract(b"X-Idempotency-Key: a\r\nx-idempotency-key: b\r\n\r\n"),
+            Err(KeyError::Repeated {
+                header: "X-Idempotency-Key".into()
+            })
+        );
+        // Errors name the header the bad value came under.
+        let long = format!("Idempotency-Key: {}\r\n\r\n", "k".repeat(256));
+        assert_eq!(
+            h.extract(long.as_bytes()).map_err(|e| e.to_string()),
+            Err("Idempotency-Key is longer than 255 characters (256)".into())
+        );
+        assert_eq!(
+            h.extract(b"X-Idempotency-Key: \xff\r\n\r\n"),
+            Err(KeyError::NotUtf8 {
+                header: "X-Idempotency-Key".into()
+            })
+        );
+    }
+
+    #[test]
+    fn relay_removes_every_key_header_and_always_ours() {
+        let only = KeyHeaders::new(["Idempotency-Key"]);
+        assert!(only.is_removed_on_relay(b"idempotency-key"));
+        assert!(only.is_removed_on_relay(b"X-BIRD-IDEMPOTENCY-KEY"));
+        assert!(!only.is_removed_on_relay(b"X-Idempotency-Key"));
+        assert!(!KeyHeaders::default().is_removed_on_relay(b"Idempotency-Key"));
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub fn acceptor(
             .with_trace(crate::trace::TraceOptions {
                 auth: config.received_auth_header,
             })
+            .with_key_headers(crate::idempotency::key::KeyHeaders::new(
+                config.key_headers.iter().cloned(),
+            ))
     })
 }
 
