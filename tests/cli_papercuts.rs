@@ -322,3 +322,32 @@ fn help_lists_every_subcommand_once_under_its_group() {
         assert!(headings.contains(&heading), "`{name}` under {heading:?}");
     }
 }
+
+/// Issue 21 item 6: the release binary was 123 MB because `[profile.release]`
+/// carried `debug = 1`. Release ships without debuginfo (20 MB); the
+/// symbols for perf live in `[profile.profiling]`, which benches/README.md
+/// names.
+#[test]
+fn release_is_lean_and_profiling_keeps_the_symbols() {
+    let manifest = std::fs::read_to_string(common::repo_path("Cargo.toml")).expect("Cargo.toml");
+    let manifest: toml::Table = manifest.parse().expect("toml");
+    let profile = |name: &str| manifest["profile"][name].as_table().cloned();
+    let release = profile("release").expect("[profile.release]");
+    let no_debug = |v: &toml::Value| {
+        matches!(v, toml::Value::Integer(0) | toml::Value::Boolean(false))
+            || v.as_str() == Some("none")
+    };
+    assert!(release.get("debug").is_none_or(no_debug), "{release:?}");
+    assert!(
+        matches!(
+            release.get("strip").and_then(|s| s.as_str()),
+            Some("debuginfo" | "symbols")
+        ) || release.get("strip").and_then(|s| s.as_bool()) == Some(true),
+        "{release:?}"
+    );
+    let profiling = profile("profiling").expect("[profile.profiling]");
+    assert_eq!(profiling["inherits"].as_str(), Some("release"));
+    assert!(!no_debug(&profiling["debug"]), "{profiling:?}");
+    let readme = std::fs::read_to_string(common::repo_path("benches/README.md")).expect("readme");
+    assert!(readme.contains("--profile profiling"));
+}
