@@ -20,11 +20,14 @@ use crate::store::{
 };
 use crate::trace::rfc5322_date;
 
+mod help;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "smtp-once",
     version,
-    about = "SMTP submission relay with exactly-once acceptance"
+    about = "SMTP submission relay with exactly-once acceptance",
+    help_template = help::template()
 )]
 pub struct Cli {
     /// Log lines on stderr as text (default) or one JSON object per line,
@@ -55,8 +58,10 @@ pub enum Command {
     },
     /// Read a password on stdin and print its argon2id PHC string.
     HashPassword,
-    /// Make an HTTP API key: prints the token once (give it to the
-    /// application) and the `api_key_hash` line for the account's [[user]].
+    /// Make an HTTP API key for an account.
+    ///
+    /// Prints the token once (give it to the application) and the
+    /// `api_key_hash` line for the account's [[user]].
     NewApiKey,
     /// Show one message's state, attempts and last error.
     Status {
@@ -74,8 +79,10 @@ pub enum Command {
         #[arg(long, default_value_t = 1000)]
         limit: usize,
     },
-    /// Submit a message from stdin, sendmail style, so that it is accepted
-    /// once however often the connection fails (`smtp-once send --help`).
+    /// Submit a message from stdin, sendmail style, accepted exactly once.
+    ///
+    /// However often the connection fails, the message is accepted once
+    /// (`smtp-once send --help`).
     #[command(disable_help_flag = true)]
     Send {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -119,8 +126,10 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::webhook::ops::WebhooksCommand,
     },
-    /// Make a DKIM key: writes the private key (mode 0600) and prints the
-    /// DNS TXT record to publish and the [[dkim]] entry for the config.
+    /// Make a DKIM signing key and the DNS record to publish.
+    ///
+    /// Writes the private key (mode 0600) and prints the DNS TXT record to
+    /// publish and the [[dkim]] entry for the config.
     DkimKeygen {
         /// The signing domain (d=), e.g. example.com.
         #[arg(long)]

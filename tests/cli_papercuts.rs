@@ -1,7 +1,8 @@
 //! Issue 9's command-line papercuts, through the real binary: `bench` fails
 //! when nothing was accepted and labels replays unambiguously,
 //! `check-config` lists unknown keys with every other problem, and
-//! `hash-password` reads without echo on a terminal.
+//! `hash-password` reads without echo on a terminal; and issue 21's
+//! grouped `--help`.
 
 mod common;
 
@@ -264,4 +265,89 @@ fn hash_password_on_a_terminal_hides_the_password_and_asks_twice() {
     assert!(screen.contains("the two passwords differ"), "{screen:?}");
     assert!(!screen.contains("$argon2id$"), "{screen:?}");
     assert!(!screen.contains("-pw"), "echoed: {screen:?}");
+}
+
+/// Issue 21 item 6: `smtp-once --help` lists every subcommand once, under
+/// a group heading (serve, submit, operate, keys, bench), with a line
+/// saying what it is for. The names come from the command definition, so
+/// a new subcommand left out of the groups lands under "Other:" and fails
+/// here.
+#[test]
+fn help_lists_every_subcommand_once_under_its_group() {
+    use clap::CommandFactory;
+    let out = Command::new(BIN)
+        .arg("--help")
+        .output()
+        .expect("run --help");
+    assert!(out.status.success(), "{out:?}");
+    let help = text(&out.stdout);
+    let headings = ["Serve:", "Submit:", "Operate:", "Keys:", "Bench:"];
+    for h in headings {
+        assert_eq!(
+            help.lines().filter(|l| *l == h).count(),
+            1,
+            "heading {h}:\n{help}"
+        );
+    }
+    assert!(
+        !help.contains("Other:"),
+        "a subcommand has no group:\n{help}"
+    );
+    assert!(
+        !help.contains("\nCommands:"),
+        "clap's flat list is gone:\n{help}"
+    );
+    let cli = smtp_once::cli::Cli::command();
+    let names: Vec<&str> = cli
+        .get_subcommands()
+        .map(|c| c.get_name())
+        .filter(|n| *n != "help")
+        .collect();
+    assert!(names.len() >= 14, "{names:?}");
+    for name in names {
+        let lines: Vec<&str> = help
+            .lines()
+            .filter(|l| l.split_whitespace().next() == Some(name))
+            .collect();
+        assert_eq!(lines.len(), 1, "`{name}` once:\n{help}");
+        let about = lines[0].trim_start().trim_start_matches(name).trim();
+        assert!(!about.is_empty(), "`{name}` has a line:\n{help}");
+        // Under a heading: the nearest heading line above it is a group.
+        let at = help.find(lines[0]).expect("line");
+        let heading = help[..at]
+            .lines()
+            .rev()
+            .find(|l| l.ends_with(':') && !l.starts_with(' '))
+            .unwrap_or_default();
+        assert!(headings.contains(&heading), "`{name}` under {heading:?}");
+    }
+}
+
+/// Issue 21 item 6: the release binary was 123 MB because `[profile.release]`
+/// carried `debug = 1`. Release ships without debuginfo (20 MB); the
+/// symbols for perf live in `[profile.profiling]`, which benches/README.md
+/// names.
+#[test]
+fn release_is_lean_and_profiling_keeps_the_symbols() {
+    let manifest = std::fs::read_to_string(common::repo_path("Cargo.toml")).expect("Cargo.toml");
+    let manifest: toml::Table = manifest.parse().expect("toml");
+    let profile = |name: &str| manifest["profile"][name].as_table().cloned();
+    let release = profile("release").expect("[profile.release]");
+    let no_debug = |v: &toml::Value| {
+        matches!(v, toml::Value::Integer(0) | toml::Value::Boolean(false))
+            || v.as_str() == Some("none")
+    };
+    assert!(release.get("debug").is_none_or(no_debug), "{release:?}");
+    assert!(
+        matches!(
+            release.get("strip").and_then(|s| s.as_str()),
+            Some("debuginfo" | "symbols")
+        ) || release.get("strip").and_then(|s| s.as_bool()) == Some(true),
+        "{release:?}"
+    );
+    let profiling = profile("profiling").expect("[profile.profiling]");
+    assert_eq!(profiling["inherits"].as_str(), Some("release"));
+    assert!(!no_debug(&profiling["debug"]), "{profiling:?}");
+    let readme = std::fs::read_to_string(common::repo_path("benches/README.md")).expect("readme");
+    assert!(readme.contains("--profile profiling"));
 }

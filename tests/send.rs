@@ -75,14 +75,18 @@ fn command_as(
     c
 }
 
-async fn run(mut c: tokio::process::Command, stdin: &[u8]) -> Run {
+async fn run(c: tokio::process::Command, stdin: &[u8]) -> Run {
+    run_within(c, stdin, Duration::from_secs(120)).await
+}
+
+async fn run_within(mut c: tokio::process::Command, stdin: &[u8], limit: Duration) -> Run {
     let mut child = c.spawn().expect("spawn smtp-once send");
     let mut input = child.stdin.take().expect("stdin");
     input.write_all(stdin).await.expect("write stdin");
     drop(input);
-    let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+    let out = tokio::time::timeout(limit, child.wait_with_output())
         .await
-        .expect("send finished within 120 s")
+        .unwrap_or_else(|_| panic!("send still running after {limit:?}"))
         .expect("wait");
     Run {
         code: out.status.code(),
@@ -529,6 +533,66 @@ async fn implicit_tls_and_a_listener_without_starttls() {
     assert!(!r.stderr.contains("attempt 1 failed"), "not retried: {r:?}");
     assert!(spooled(&spool).is_empty(), "{:?}", spooled(&spool));
     assert_eq!(d.queue_count(), 1);
+}
+
+/// Issue 21 item 3: a server certificate the client does not trust (the
+/// dev certificate without `--ca-file`: UnknownIssuer) is configuration, not
+/// the network. `send` must not retry it for its two-minute deadline: exit
+/// 78 at once, say that `--ca-file` fixes it, keep nothing in the spool. The
+/// same command with `--ca-file` sends.
+#[tokio::test]
+async fn an_untrusted_certificate_is_a_config_error_at_once() {
+    let d = Daemon::start(Options::default());
+    let tmp = tempfile::tempdir().expect("tmp");
+    let spool = tmp.path().join("spool");
+    let cert = common::repo_path("certs/dev-cert.pem");
+    let tls = |server: SocketAddr, mode: &str, ca_file: bool| {
+        let mut c = tokio::process::Command::new(BIN);
+        c.arg("send")
+            .args(["--tls", mode, "--user", "bob", "--server"]);
+        // "localhost" is in the certificate: only the issuer is unknown.
+        c.arg(format!("localhost:{}", server.port()))
+            .arg("--spool")
+            .arg(&spool)
+            .args(["-f", "bob@example.org", "dest@example.net"])
+            .env("SMTP_ONCE_PASSWORD", "bob-pw")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if ca_file {
+            c.arg("--ca-file").arg(&cert);
+        }
+        c
+    };
+    for (server, mode) in [(d.implicit, "implicit"), (d.starttls, "starttls")] {
+        let started = Instant::now();
+        let r = run_within(
+            tls(server, mode, false),
+            &lf_message("dest@example.net", "untrusted"),
+            Duration::from_secs(30),
+        )
+        .await;
+        assert_eq!(r.code, Some(78), "{mode}: {r:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{mode}: took {:?}",
+            started.elapsed()
+        );
+        assert!(r.stderr.contains("not trusted (UnknownIssuer)"), "{r:?}");
+        assert!(r.stderr.contains("--ca-file PATH"), "{r:?}");
+        assert!(!r.stderr.contains("retrying"), "not retried: {r:?}");
+        assert!(spooled(&spool).is_empty(), "{:?}", spooled(&spool));
+        let r = run(
+            tls(server, mode, true),
+            &lf_message("dest@example.net", "trusted"),
+        )
+        .await;
+        assert_eq!(r.code, Some(0), "{mode}: {r:?}");
+        r.queued();
+        assert!(spooled(&spool).is_empty(), "{:?}", spooled(&spool));
+    }
+    assert_eq!(d.queue_count(), 2);
 }
 
 /// A cron `--flush` with a stale password gets 535 to AUTH. That refuses

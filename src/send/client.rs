@@ -13,6 +13,7 @@ use tokio_rustls::TlsConnector;
 
 use super::exit::Exit;
 use super::spool::Envelope;
+use super::trust;
 use crate::smtp_client::{describe, format_reply, mail_params, send_content};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -53,7 +54,8 @@ pub enum Attempt {
         reply: String,
         exit: Exit,
     },
-    /// Nothing to retry will change: no STARTTLS or no usable AUTH offered.
+    /// Nothing to retry will change: no STARTTLS or no usable AUTH offered,
+    /// or a server certificate we do not trust.
     Unusable(String),
     /// Connection lost, timeout or a 4xx.
     Temporary {
@@ -125,7 +127,7 @@ pub async fn attempt(
         (TlsMode::Implicit, Some(connector)) => {
             match client.into_tls(connector, &server.host).await {
                 Ok(mut tls) => session(&mut tls, server, env, message, timeout).await,
-                Err(e) => temporary(format!("TLS: {}", describe(&e))),
+                Err(e) => tls_failure("TLS", &e, server),
             }
         }
         (TlsMode::Starttls, Some(connector)) => {
@@ -147,10 +149,19 @@ pub async fn attempt(
                     };
                     transaction_after_auth(&mut tls, &caps, server, env, message, timeout).await
                 }
-                Err(e) => temporary(format!("STARTTLS: {}", describe(&e))),
+                Err(e) => tls_failure("STARTTLS", &e, server),
             }
         }
         _ => session(&mut client, server, env, message, timeout).await,
+    }
+}
+
+/// A failed handshake: a certificate we do not trust ends the run (a
+/// retry meets the same certificate); anything else is worth another try.
+fn tls_failure(what: &str, e: &mail_send::Error, server: &Server) -> Attempt {
+    match trust::permanent(e, &server.host) {
+        Some(why) => Attempt::Unusable(why),
+        None => temporary(format!("{what}: {}", describe(e))),
     }
 }
 

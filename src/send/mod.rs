@@ -16,6 +16,7 @@ mod exit;
 mod message;
 mod retry;
 mod spool;
+mod trust;
 
 use std::ffi::OsString;
 use std::io::Read;
