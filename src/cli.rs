@@ -8,19 +8,16 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 
 use crate::config::{Config, StoreBackend};
-use crate::delivery::queue::QueueDb;
-use crate::delivery::status::format_delivery;
-use crate::delivery::{DeliveryError, Worker};
+use crate::delivery::Worker;
 use crate::metrics_http::MetricsServer;
 use crate::server::Server;
 use crate::store::postgres::{PgOptions, PgStore};
-use crate::store::sqlite::{Inspector, SqliteStore};
-use crate::store::{
-    DeliveryQueue, MessageState, MessageStatus, StatusReader, Store, WebhookOutbox, now_millis,
-};
-use crate::trace::rfc5322_date;
+use crate::store::sqlite::SqliteStore;
+use crate::store::{DeliveryQueue, StatusReader, Store, WebhookOutbox};
+use queue::QueueCommand;
 
 mod help;
+mod queue;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -168,22 +165,41 @@ pub fn run(cli: Cli) -> ExitCode {
             println!("add to the account's [[user]] section:\n  api_key_hash = \"{hash}\"");
             Ok(())
         }
-        Command::Status { config, queue_id } => status(config, &queue_id),
+        Command::Status { config, queue_id } => {
+            queue::run(&config, QueueCommand::Status(&queue_id))
+        }
         Command::Queue {
             config,
             state,
             limit,
-        } => queue(config, state.as_deref(), limit),
+        } => queue::run(
+            &config,
+            QueueCommand::List {
+                state: state.as_deref(),
+                limit,
+            },
+        ),
         Command::Bench(args) => bench(args),
         Command::Send { args } => return crate::send::run(args),
         Command::Retry {
             config,
             all,
             queue_ids,
-        } => retry(config, all, &queue_ids),
-        Command::Hold { config, queue_ids } => operate(config, &queue_ids, Op::Hold),
-        Command::Release { config, queue_ids } => operate(config, &queue_ids, Op::Release),
-        Command::Delete { config, queue_ids } => operate(config, &queue_ids, Op::Delete),
+        } => queue::run(
+            &config,
+            if all {
+                QueueCommand::RetryAll
+            } else {
+                QueueCommand::Retry(&queue_ids)
+            },
+        ),
+        Command::Hold { config, queue_ids } => queue::run(&config, QueueCommand::Hold(&queue_ids)),
+        Command::Release { config, queue_ids } => {
+            queue::run(&config, QueueCommand::Release(&queue_ids))
+        }
+        Command::Delete { config, queue_ids } => {
+            queue::run(&config, QueueCommand::Delete(&queue_ids))
+        }
         Command::Webhooks { command } => crate::webhook::ops::run(command),
         Command::DkimKeygen {
             domain,
@@ -494,85 +510,6 @@ fn hash_password() -> Result<(), String> {
     Ok(())
 }
 
-/// The operator commands read and write the SQLite file directly.
-fn sqlite_only(config: &Config) -> Result<(), String> {
-    match config.store {
-        StoreBackend::Sqlite => Ok(()),
-        StoreBackend::Postgres(_) => Err(
-            "this command works on the SQLite store only; with backend = \"postgres\" \
-             query the queue table with psql (see docs/operations.md)"
-                .into(),
-        ),
-    }
-}
-
-fn inspector(path: &std::path::Path) -> Result<Inspector, String> {
-    let config = Config::load(path).map_err(|e| e.to_string())?;
-    sqlite_only(&config)?;
-    Inspector::open(&config.data_dir).map_err(|e| e.to_string())
-}
-
-fn status(path: PathBuf, id: &str) -> Result<(), String> {
-    let inspector = inspector(&path)?;
-    let m = inspector.message(id).map_err(|e| e.to_string())?;
-    let attempts = inspector.attempts(id).map_err(|e| e.to_string())?;
-    print!("{}", format_status(&m));
-    print!("{}", format_delivery(&m.recipients, &attempts));
-    Ok(())
-}
-
-pub fn format_status(m: &MessageStatus) -> String {
-    let next = m
-        .next_attempt_at
-        .filter(|_| matches!(m.state, MessageState::Queued | MessageState::Deferred))
-        .map_or("-".to_string(), |t| rfc5322_date(t / 1000));
-    format!(
-        "queue id:     {}\nstate:        {}\nworkspace:    {}\naccount:      {}\nfrom:         <{}>\nrecipients:   {}\nsize:         {} bytes\naccepted:     {}\nattempts:     {}\nnext attempt: {}\nlast error:   {}\n",
-        m.id,
-        m.state.as_str(),
-        m.workspace,
-        m.account,
-        m.reverse_path,
-        m.recipients.join(", "),
-        m.size,
-        rfc5322_date(m.created_at / 1000),
-        m.attempts,
-        next,
-        m.last_error.as_deref().unwrap_or("-"),
-    )
-}
-
-fn queue(path: PathBuf, state: Option<&str>, limit: usize) -> Result<(), String> {
-    let state = match state {
-        Some(s) => Some(MessageState::parse(s).ok_or_else(|| {
-            format!("--state {s:?}: use queued, deferred, delivering, delivered, failed, expired or held")
-        })?),
-        None => None,
-    };
-    let messages = inspector(&path)?
-        .messages(state, limit)
-        .map_err(|e| e.to_string())?;
-    for m in &messages {
-        let error = match (&m.last_error, m.state) {
-            (Some(e), s) if s != MessageState::Delivered => {
-                format!(" error={:?}", e.chars().take(100).collect::<String>())
-            }
-            _ => String::new(),
-        };
-        println!(
-            "{} {:<10} attempts={} size={} from=<{}> to={}{error}",
-            m.id,
-            m.state.as_str(),
-            m.attempts,
-            m.size,
-            m.reverse_path,
-            m.recipients.join(",")
-        );
-    }
-    eprintln!("{} message(s)", messages.len());
-    Ok(())
-}
-
 fn bench(args: crate::bench::BenchArgs) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -581,67 +518,6 @@ fn bench(args: crate::bench::BenchArgs) -> Result<(), String> {
     runtime
         .block_on(crate::bench::run_cli(args))
         .map_err(|e| format!("bench: {e}"))
-}
-
-fn queue_db(path: &std::path::Path) -> Result<QueueDb, String> {
-    let config = Config::load(path).map_err(|e| e.to_string())?;
-    sqlite_only(&config)?;
-    QueueDb::open(&config.data_dir).map_err(|e| e.to_string())
-}
-
-fn retry(path: PathBuf, all: bool, ids: &[String]) -> Result<(), String> {
-    let db = queue_db(&path)?;
-    if all {
-        let n = db.retry_all_now(now_millis()).map_err(|e| e.to_string())?;
-        println!("{n} message(s) due now");
-        return Ok(());
-    }
-    operate_on(ids, |id| {
-        db.retry_now(id, now_millis())
-            .map(|state| format!("{id}: {}, due now", state.as_str()))
-    })
-}
-
-#[derive(Clone, Copy)]
-enum Op {
-    Hold,
-    Release,
-    Delete,
-}
-
-fn operate(path: PathBuf, ids: &[String], op: Op) -> Result<(), String> {
-    let db = queue_db(&path)?;
-    operate_on(ids, |id| {
-        let now = now_millis();
-        match op {
-            Op::Hold => db.hold(id, now).map(|_| format!("{id}: held")),
-            Op::Release => db
-                .release(id, now)
-                .map(|state| format!("{id}: released ({}), due now", state.as_str())),
-            Op::Delete => db.delete(id, now).map(|()| format!("{id}: deleted")),
-        }
-    })
-}
-
-/// Applies `f` to every id, printing each result; fails if any failed.
-fn operate_on(
-    ids: &[String],
-    f: impl Fn(&str) -> Result<String, DeliveryError>,
-) -> Result<(), String> {
-    let mut failed = 0;
-    for id in ids {
-        match f(id) {
-            Ok(line) => println!("{line}"),
-            Err(e) => {
-                eprintln!("smtp-once: {e}");
-                failed += 1;
-            }
-        }
-    }
-    match failed {
-        0 => Ok(()),
-        n => Err(format!("{n} of {} message(s) not changed", ids.len())),
-    }
 }
 
 #[cfg(test)]

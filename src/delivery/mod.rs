@@ -13,7 +13,6 @@ pub mod content;
 pub mod dsn;
 pub mod file;
 pub mod mx;
-pub mod ops;
 pub mod outgoing;
 pub mod plan;
 pub mod pool;
@@ -75,18 +74,8 @@ impl RcptResult {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeliveryError {
-    #[error("queue database: {0}")]
-    Db(#[from] rusqlite::Error),
-    #[error("queue database unavailable: {0}")]
-    Unavailable(String),
     #[error("{0}")]
     Setup(String),
-    #[error("no message with queue id {0}")]
-    NotFound(String),
-    #[error("{id}: {reason}")]
-    Refused { id: String, reason: String },
-    #[error("queue database task failed: {0}")]
-    Join(String),
 }
 
 /// Address domain, lowercased; an address without `@` has none.

@@ -3,12 +3,14 @@
 //! `DeliveryQueue` (delivery) and `StatusReader` (the HTTP API), with
 //! `sqlite` (one node, embedded) and `postgres` (several nodes) side by side.
 
+pub mod admin;
 pub mod outbox;
 pub mod postgres;
 pub mod queue;
 pub mod queue_id;
 pub mod sqlite;
 
+pub use admin::{AdminAction, AdminError, ListFilter, QueueAdmin};
 pub use outbox::{NewEvent, WebhookOutbox};
 pub use queue::{AttemptOutcome, AttemptRow, ClaimedMessage, DeliveryQueue};
 

@@ -6,6 +6,7 @@
 //! and then finds taken (E01004), and which a crashed node's dropped
 //! connection releases by itself. Times come from the database's clock.
 
+mod admin;
 mod outbox;
 mod outbox_admin;
 mod probe;
@@ -14,6 +15,7 @@ mod schema;
 mod status;
 mod writer;
 
+pub use admin::PgQueueAdmin;
 pub use outbox_admin::PgOutboxAdmin;
 
 use std::str::FromStr;

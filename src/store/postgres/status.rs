@@ -7,10 +7,11 @@ use crate::store::{
     AttemptRecord, BoxFuture, MessageDetail, MessageState, MessageStatus, StatusReader, StoreError,
 };
 
-const COLUMNS: &str = "id, state, workspace, account, reverse_path, recipients, size, attempts,
+pub(super) const COLUMNS: &str =
+    "id, state, workspace, account, reverse_path, recipients, size, attempts,
                        last_error, created_at, next_attempt_at";
 
-fn status_of(r: &Row) -> MessageStatus {
+pub(super) fn status_of(r: &Row) -> MessageStatus {
     let state: String = r.get(1);
     let recipients: String = r.get(5);
     let size: i64 = r.get(6);
@@ -27,6 +28,16 @@ fn status_of(r: &Row) -> MessageStatus {
         last_error: r.get(8),
         created_at: r.get(9),
         next_attempt_at: r.get(10),
+    }
+}
+
+pub(super) fn attempt_of(r: &Row) -> AttemptRecord {
+    AttemptRecord {
+        at: r.get(0),
+        recipient: r.get(1),
+        outcome: r.get(2),
+        reply: r.get(3),
+        next_hop: r.get(4),
     }
 }
 
@@ -57,13 +68,7 @@ impl StatusReader for PgStore {
                 .await
                 .map_err(|e| classify(&e))?
                 .iter()
-                .map(|r| AttemptRecord {
-                    at: r.get(0),
-                    recipient: r.get(1),
-                    outcome: r.get(2),
-                    reply: r.get(3),
-                    next_hop: r.get(4),
-                })
+                .map(attempt_of)
                 .collect();
             Ok(Some((status_of(&row), attempts)))
         })

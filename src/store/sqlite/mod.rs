@@ -2,6 +2,7 @@
 //! `synchronous = FULL` (a commit is on disk before it returns), one writer
 //! thread, and a small pool of reader connections.
 
+mod admin;
 mod checkpoint;
 mod identity;
 mod inspect;
@@ -14,8 +15,8 @@ mod status;
 mod tests;
 mod writer;
 
+pub use admin::SqliteQueueAdmin;
 pub use identity::FileIdentity;
-pub use inspect::Inspector;
 pub use outbox::OutboxDb;
 pub(crate) use writer::insert_message;
 

@@ -1,0 +1,247 @@
+//! `smtp-once status|queue|retry|hold|release|delete`: the operator
+//! commands on the configured store (the SQLite file, or PostgreSQL from
+//! any host), all through `store::QueueAdmin`, so both print the same.
+
+use std::path::Path;
+
+use crate::config::{Config, StoreBackend};
+use crate::delivery::status::format_delivery;
+use crate::store::{
+    AdminAction, AdminError, ListFilter, MessageState, MessageStatus, QueueAdmin, StoreError,
+};
+use crate::trace::rfc5322_date;
+
+/// One operator command, as parsed.
+pub enum QueueCommand<'a> {
+    Status(&'a str),
+    List {
+        state: Option<&'a str>,
+        limit: usize,
+    },
+    RetryAll,
+    Retry(&'a [String]),
+    Hold(&'a [String]),
+    Release(&'a [String]),
+    Delete(&'a [String]),
+}
+
+pub fn run(config: &Path, command: QueueCommand<'_>) -> Result<(), String> {
+    // Check the arguments before touching the store.
+    let state = match &command {
+        QueueCommand::List { state: Some(s), .. } => Some(MessageState::parse(s).ok_or_else(|| {
+            format!("--state {s:?}: use queued, deferred, delivering, delivered, failed, expired or held")
+        })?),
+        _ => None,
+    };
+    let config = Config::load(config).map_err(|e| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start runtime: {e}"))?;
+    runtime.block_on(async {
+        let admin = open(&config).await.map_err(|e| e.to_string())?;
+        let admin = admin.as_ref();
+        match command {
+            QueueCommand::Status(id) => {
+                let (m, attempts) = admin.show(id).await.map_err(|e| words(&e))?;
+                print!("{}", format_status(&m));
+                print!("{}", format_delivery(&m.recipients, &attempts));
+                Ok(())
+            }
+            QueueCommand::List { limit, .. } => list(admin, state, limit).await,
+            QueueCommand::RetryAll => {
+                let n = admin.retry_all().await.map_err(|e| e.to_string())?;
+                println!("{n} message(s) due now");
+                Ok(())
+            }
+            QueueCommand::Retry(ids) => {
+                for_each(ids, |id| async move {
+                    let state = admin.retry(id).await?;
+                    Ok(format!("{id}: {}, due now", state.as_str()))
+                })
+                .await
+            }
+            QueueCommand::Hold(ids) => {
+                for_each(ids, |id| async move {
+                    admin.hold(id).await?;
+                    Ok(format!("{id}: held"))
+                })
+                .await
+            }
+            QueueCommand::Release(ids) => {
+                for_each(ids, |id| async move {
+                    let state = admin.release(id).await?;
+                    Ok(format!("{id}: released ({}), due now", state.as_str()))
+                })
+                .await
+            }
+            QueueCommand::Delete(ids) => {
+                for_each(ids, |id| async move {
+                    admin.delete(id).await?;
+                    Ok(format!("{id}: deleted"))
+                })
+                .await
+            }
+        }
+    })
+}
+
+/// The configured store's admin: the SQLite file beside a running daemon,
+/// or a connection of its own to PostgreSQL.
+async fn open(config: &Config) -> Result<Box<dyn QueueAdmin>, StoreError> {
+    Ok(match &config.store {
+        StoreBackend::Sqlite => Box::new(crate::store::sqlite::SqliteQueueAdmin::open(
+            &config.data_dir,
+        )?),
+        StoreBackend::Postgres(pg) => Box::new(
+            crate::store::postgres::PgQueueAdmin::connect(&pg.url, pg.ca_file.as_deref()).await?,
+        ),
+    })
+}
+
+async fn list(
+    admin: &dyn QueueAdmin,
+    state: Option<MessageState>,
+    limit: usize,
+) -> Result<(), String> {
+    let messages = admin
+        .list(ListFilter {
+            state,
+            limit,
+            ..ListFilter::default()
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    for m in &messages {
+        let error = match (&m.last_error, m.state) {
+            (Some(e), s) if s != MessageState::Delivered => {
+                format!(" error={:?}", e.chars().take(100).collect::<String>())
+            }
+            _ => String::new(),
+        };
+        println!(
+            "{} {:<10} attempts={} size={} from=<{}> to={}{error}",
+            m.id,
+            m.state.as_str(),
+            m.attempts,
+            m.size,
+            m.reverse_path,
+            m.recipients.join(",")
+        );
+    }
+    eprintln!("{} message(s)", messages.len());
+    Ok(())
+}
+
+/// Applies `f` to every id, printing each result; fails if any failed.
+async fn for_each<'a, F, Fut>(ids: &'a [String], f: F) -> Result<(), String>
+where
+    F: Fn(&'a str) -> Fut,
+    Fut: std::future::Future<Output = Result<String, AdminError>>,
+{
+    let mut failed = 0;
+    for id in ids {
+        match f(id).await {
+            Ok(line) => println!("{line}"),
+            Err(e) => {
+                eprintln!("smtp-once: {}", words(&e));
+                failed += 1;
+            }
+        }
+    }
+    match failed {
+        0 => Ok(()),
+        n => Err(format!("{n} of {} message(s) not changed", ids.len())),
+    }
+}
+
+/// What the operator reads when the store refused.
+pub fn words(e: &AdminError) -> String {
+    use MessageState::{Delivering, Held};
+    match e {
+        AdminError::State { id, state, action } => {
+            let why = match (action, state) {
+                (AdminAction::Retry, Delivering) => "is being delivered right now".to_owned(),
+                (AdminAction::Retry, Held) => "is held; release it to deliver it".to_owned(),
+                (AdminAction::Release, s) => format!("is {}, not held", s.as_str()),
+                (_, s) => format!("is {}: nothing left to deliver", s.as_str()),
+            };
+            format!("{id}: {why}")
+        }
+        AdminError::LiveLease { id, node, until } => {
+            let by = node
+                .as_deref()
+                .map_or(String::new(), |n| format!(" by node {n}"));
+            format!(
+                "{id}: is being delivered right now{by} (lease until {}); hold it first",
+                rfc5322_date(until / 1000)
+            )
+        }
+        other => other.to_string(),
+    }
+}
+
+pub fn format_status(m: &MessageStatus) -> String {
+    let next = m
+        .next_attempt_at
+        .filter(|_| matches!(m.state, MessageState::Queued | MessageState::Deferred))
+        .map_or("-".to_string(), |t| rfc5322_date(t / 1000));
+    format!(
+        "queue id:     {}\nstate:        {}\nworkspace:    {}\naccount:      {}\nfrom:         <{}>\nrecipients:   {}\nsize:         {} bytes\naccepted:     {}\nattempts:     {}\nnext attempt: {}\nlast error:   {}\n",
+        m.id,
+        m.state.as_str(),
+        m.workspace,
+        m.account,
+        m.reverse_path,
+        m.recipients.join(", "),
+        m.size,
+        rfc5322_date(m.created_at / 1000),
+        m.attempts,
+        next,
+        m.last_error.as_deref().unwrap_or("-"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use MessageState::Held;
+
+    #[test]
+    fn refusals_read_as_before() {
+        let state = |action, state| AdminError::State {
+            id: "Q".into(),
+            state,
+            action,
+        };
+        assert_eq!(
+            words(&state(AdminAction::Retry, Held)),
+            "Q: is held; release it to deliver it"
+        );
+        assert_eq!(
+            words(&state(AdminAction::Retry, MessageState::Delivering)),
+            "Q: is being delivered right now"
+        );
+        assert_eq!(
+            words(&state(AdminAction::Release, MessageState::Deferred)),
+            "Q: is deferred, not held"
+        );
+        assert_eq!(
+            words(&state(AdminAction::Hold, MessageState::Delivered)),
+            "Q: is delivered: nothing left to deliver"
+        );
+        assert_eq!(
+            words(&AdminError::NotFound("Q".into())),
+            "no message with queue id Q"
+        );
+        let live = AdminError::LiveLease {
+            id: "Q".into(),
+            node: Some("n2".into()),
+            until: 0,
+        };
+        assert!(
+            words(&live).starts_with("Q: is being delivered right now by node n2 (lease until")
+        );
+        assert!(words(&live).ends_with("; hold it first"));
+    }
+}
