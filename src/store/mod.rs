@@ -4,6 +4,8 @@
 //! `sqlite` (one node, embedded) and `postgres` (several nodes) side by side.
 
 pub mod admin;
+#[cfg(test)]
+mod admin_tests;
 pub mod outbox;
 pub mod postgres;
 pub mod queue;
