@@ -31,12 +31,16 @@ impl DeliveryQueue for PgStore {
             let (node, skip) = (node.clone(), skip.clone());
             Box::pin(async move {
                 // Due first, then expired leases (another node's, killed).
+                // A due row can still carry a live lease: held while a node
+                // delivered it and released, it stays that node's until its
+                // record lands or the lease (which that node renews) ends.
                 let due = c
                     .prepare_cached(
                         "UPDATE queue SET state = 'delivering', lease_until = smtp_once_now() + $1,
                             leased_by = $2, updated_at = smtp_once_now()
                          WHERE id IN (SELECT id FROM queue
                            WHERE state IN ('queued', 'deferred') AND next_attempt_at <= smtp_once_now()
+                             AND (lease_until IS NULL OR lease_until <= smtp_once_now())
                              AND NOT (id = ANY($3))
                            ORDER BY next_attempt_at LIMIT $4 FOR UPDATE SKIP LOCKED)
                          RETURNING id",

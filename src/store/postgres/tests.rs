@@ -282,6 +282,41 @@ async fn two_nodes_claim_apart_and_a_dead_nodes_lease_passes_on() {
     db.drop_db().await;
 }
 
+/// Held while node a delivers it, then released: the message is due when
+/// a's lease ends, but a is still delivering and renews that lease. No
+/// other node may claim it while the lease runs (found in issue 22's
+/// review: the claim of due rows looked at next_attempt_at only).
+#[tokio::test]
+async fn a_released_message_is_not_claimed_under_a_live_lease() {
+    use crate::store::admin::QueueAdmin;
+    let db = TestDb::new().await;
+    let (a, b) = (db.node("a").await, db.node("b").await);
+    let admin = super::admin::PgQueueAdmin::connect(&db.url(), None)
+        .await
+        .expect("admin");
+    a.commit(acceptance("M0", None, "m")).await.expect("commit");
+    let now = now_millis();
+    let claimed = a.claim(now, now + 2_000, 1, vec![]).await.expect("claim");
+    assert_eq!(claimed.len(), 1);
+    admin.hold("M0").await.expect("hold");
+    admin.release("M0").await.expect("release");
+    // a keeps delivering past the lease it had at the release.
+    for _ in 0..6 {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let now = now_millis();
+        a.renew(vec!["M0".into()], now, now + 2_000)
+            .await
+            .expect("renew");
+        let now = now_millis();
+        let taken = b.claim(now, now + 60_000, 10, vec![]).await.expect("claim");
+        assert!(
+            taken.is_empty(),
+            "node b claimed a message node a is still delivering"
+        );
+    }
+    db.drop_db().await;
+}
+
 #[tokio::test]
 async fn a_schema_newer_than_the_binary_is_refused() {
     let db = TestDb::new().await;
