@@ -212,7 +212,7 @@ impl Metrics {
         let queue_messages = Family::<StateLabel, Gauge>::default();
         registry.register(
             "queue_messages",
-            "Messages in the queue by state, read from the store at each scrape",
+            "Messages in the queue by state, counted every 5 s in the background",
             queue_messages.clone(),
         );
         let oldest_queued_seconds = Gauge::<f64, AtomicU64>::default();
