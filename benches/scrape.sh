@@ -6,7 +6,8 @@
 # once, stop it), ROWS queued messages inserted straight with SQL (sqlite3,
 # psql generate_series), the daemon started again with `[relay] paused =
 # true` so nothing is delivered, then SCRAPES scrapes of /metrics timed by
-# curl (min / median / p99; with 50 scrapes p99 is the slowest), and the
+# curl, INTERVAL seconds apart so that they span several counts (min /
+# median / p99 / max; with 50 scrapes p99 is the slowest), and the
 # time the background count of the queue took (the
 # smtp_once_queue_count_seconds gauge, read after a few refreshes).
 #
@@ -15,15 +16,16 @@
 #   BACKENDS=sqlite benches/scrape.sh       # one backend
 #
 # Settings (environment): BIN (default target/release/smtp-once), ROWS,
-# SCRAPES, BACKENDS ("sqlite postgres"), PG_URL (a server whose role may
+# SCRAPES, INTERVAL (0.2), BACKENDS ("sqlite postgres"), PG_URL (a server whose role may
 # CREATE DATABASE; default postgres://postgres@127.0.0.1:5432), KEEP=1 to
-# keep the work directory. Needs curl, sqlite3 and psql.
+# keep the work directory and the database (to EXPLAIN the count). Needs curl, sqlite3 and psql.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${BIN:-$ROOT/target/release/smtp-once}
 ROWS=${ROWS:-1000000}
 SCRAPES=${SCRAPES:-50}
+INTERVAL=${INTERVAL:-0.2}
 BACKENDS=${BACKENDS:-"sqlite postgres"}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
 PG_DB=smtp_once_scrape_bench_$$
@@ -34,10 +36,10 @@ say() { printf '%s\n' "$*" >&2; }
 
 cleanup() {
   stop_daemon
-  if [[ $BACKENDS == *postgres* ]]; then
+  if [[ $BACKENDS == *postgres* ]] && [ "${KEEP:-0}" != 1 ]; then
     psql "$PG_URL/postgres" -X -q -c "DROP DATABASE IF EXISTS \"$PG_DB\" WITH (FORCE)" >/dev/null 2>&1 || true
   fi
-  if [ "${KEEP:-0}" = 1 ]; then say "kept $WORKDIR"; else rm -rf "$WORKDIR"; fi
+  if [ "${KEEP:-0}" = 1 ]; then say "kept $WORKDIR (and database $PG_DB)"; else rm -rf "$WORKDIR"; fi
 }
 trap cleanup EXIT
 
@@ -107,7 +109,7 @@ metric() { # name: its value on one scrape
 summary() {
   sort -g | awk '{ v[NR] = $1 * 1000 }
     END { p99 = int(NR * 0.99 + 0.999); if (p99 > NR) p99 = NR
-          printf "min %.2f ms, median %.2f ms, p99 %.2f ms (%d scrapes)", v[1], v[int((NR + 1) / 2)], v[p99], NR }'
+          printf "min %.2f ms, median %.2f ms, p99 %.2f ms, max %.2f ms (%d scrapes)", v[1], v[int((NR + 1) / 2)], v[p99], v[NR], NR }'
 }
 
 measure() { # backend
@@ -117,10 +119,10 @@ measure() { # backend
   # Two refreshes (5 s apart) so the count below is one done while running.
   sleep 11
   count=$(metric smtp_once_queue_count_seconds)
-  [ -n "${DEBUG:-}" ] && curl -s "http://127.0.0.1:$METRICS_PORT/metrics" | grep -i queue >&2
   local times
   times=$(for _ in $(seq 1 "$SCRAPES"); do
     curl -sf -o /dev/null -w '%{time_total}\n' "http://127.0.0.1:$METRICS_PORT/metrics"
+    sleep "$INTERVAL"
   done)
   printf '%-10s scrape: %s; background count: %.1f ms\n' "$1" "$(summary <<< "$times")" \
     "$(awk -v s="$count" 'BEGIN { print s * 1000 }')"
