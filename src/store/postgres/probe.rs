@@ -17,9 +17,17 @@ pub(super) async fn select_one(c: &ClientWrapper) -> Result<(), tokio_postgres::
 /// so each statement is a sequential scan of the table, and one scan
 /// instead of two (count, then age) halves the cost: 90 to 150 ms against
 /// 230 to 260 ms at 1,000,000 queued rows. The metrics listener runs it in
-/// the background.
-pub(super) async fn queue_depth_on(c: &ClientWrapper) -> Result<QueueDepth, StoreError> {
-    let rows = c
+/// the background, on one core: a parallel scan is no faster on a busy
+/// machine (147 ms either way here) and would take every core from the
+/// nodes and the database while it runs.
+pub(super) async fn queue_depth_on(c: &mut ClientWrapper) -> Result<QueueDepth, StoreError> {
+    // A transaction for SET LOCAL; dropped unfinished (a timeout), it rolls
+    // back before the connection is used again.
+    let tx = c.transaction().await.map_err(|e| classify(&e))?;
+    tx.batch_execute("SET LOCAL max_parallel_workers_per_gather = 0")
+        .await
+        .map_err(|e| classify(&e))?;
+    let rows = tx
         .query(
             "SELECT state, COUNT(*), smtp_once_now() - MIN(created_at) FROM queue
              WHERE state IN ('queued', 'deferred', 'delivering', 'held') GROUP BY state",
@@ -27,6 +35,7 @@ pub(super) async fn queue_depth_on(c: &ClientWrapper) -> Result<QueueDepth, Stor
         )
         .await
         .map_err(|e| classify(&e))?;
+    tx.commit().await.map_err(|e| classify(&e))?;
     let mut counts = Vec::new();
     let mut oldest_age_ms: Option<i64> = None;
     for r in &rows {
