@@ -169,6 +169,7 @@ pub struct Metrics {
     commit_batch: Histogram,
     queue_messages: Family<StateLabel, Gauge>,
     oldest_queued_seconds: Gauge<f64, AtomicU64>,
+    queue_count_seconds: Gauge<f64, AtomicU64>,
     delivery_attempts: Family<OutcomeLabel, Counter>,
     webhook_attempts: Family<OutcomeLabel, Counter>,
     connections_active: Gauge,
@@ -211,7 +212,7 @@ impl Metrics {
         let queue_messages = Family::<StateLabel, Gauge>::default();
         registry.register(
             "queue_messages",
-            "Messages in the queue by state, read from the store at each scrape",
+            "Messages in the queue by state, counted every 5 s in the background",
             queue_messages.clone(),
         );
         let oldest_queued_seconds = Gauge::<f64, AtomicU64>::default();
@@ -220,6 +221,13 @@ impl Metrics {
             "Age of the oldest message waiting for delivery (queued, deferred or delivering); 0 when none",
             Unit::Seconds,
             oldest_queued_seconds.clone(),
+        );
+        let queue_count_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "queue_count",
+            "How long the last count of the queue by state took (done in the background, not by a scrape)",
+            Unit::Seconds,
+            queue_count_seconds.clone(),
         );
         let delivery_attempts = Family::<OutcomeLabel, Counter>::default();
         registry.register(
@@ -258,6 +266,7 @@ impl Metrics {
             commit_batch,
             queue_messages,
             oldest_queued_seconds,
+            queue_count_seconds,
             delivery_attempts,
             webhook_attempts,
             connections_active,
@@ -366,6 +375,11 @@ impl Metrics {
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         self.oldest_queued_seconds.set(oldest_seconds);
+    }
+
+    /// How long the last read of the queue's depth took.
+    pub fn queue_count_seconds(&self, seconds: f64) {
+        self.queue_count_seconds.set(seconds);
     }
 
     /// One recipient's result in a delivery attempt (`Outcome::as_str` of
@@ -532,7 +546,7 @@ mod tests {
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE ")?.split_once(' '))
             .collect();
-        assert_eq!(typed.len(), 10, "one TYPE per family:\n{text}");
+        assert_eq!(typed.len(), 11, "one TYPE per family:\n{text}");
         for (name, kind) in &typed {
             assert!(text.contains(&format!("# HELP {name} ")), "{name}");
             assert_eq!(

@@ -3,8 +3,10 @@
 //!
 //! - `GET /metrics`: every family of [`crate::metrics`] in OpenMetrics
 //!   text for a client that asks for it (Prometheus), else in the
-//!   Prometheus text format 0.0.4; the queue's depth is read from the store
-//!   at each scrape.
+//!   Prometheus text format 0.0.4. A scrape only renders: the queue's depth
+//!   by state is counted by a task of the listener every [`DEPTH_REFRESH`]
+//!   (first at start), so a scrape costs the same with an empty queue or a
+//!   million messages, and never waits for the store.
 //! - `GET /healthz`: `200 ok` while the process serves requests.
 //! - `GET /readyz`: `200 ready` when the store commits a trivial write
 //!   transaction through its writer ([`Store::ready`]), else `503` with the
@@ -37,9 +39,12 @@ use crate::store::Store;
 const MAX_CONNECTIONS: usize = 32;
 /// A request's headers must arrive within this.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a `/readyz` answer (and the queue's depth on `/metrics`) is
-/// given again without asking the store.
+/// How long a `/readyz` answer is given again without asking the store.
 pub const READY_CACHE: Duration = Duration::from_secs(1);
+/// How often the queue is counted by state for the depth gauges. A count
+/// reads every live row (about 0.1 to 0.3 s at a million), so it is done in
+/// the background, not by a scrape; docs/operations.md says this figure.
+pub const DEPTH_REFRESH: Duration = Duration::from_secs(5);
 
 /// The listener's settings, in plain values.
 pub struct MetricsOptions {
@@ -54,9 +59,6 @@ struct Shared {
     /// The last readiness answer and when it was taken; the lock also
     /// makes concurrent probes share one store round trip.
     ready: Mutex<Option<(Instant, Result<(), String>)>>,
-    /// When the queue was last counted: scrapes in numbers (the listener
-    /// may be open to more than Prometheus) count it once a second at most.
-    depth_read_at: Mutex<Option<Instant>>,
 }
 
 /// Longest a probe or a scrape waits for the store; a store that does not
@@ -78,6 +80,8 @@ pub struct MetricsServer {
     pub addr: SocketAddr,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
+    /// Counts the queue every [`DEPTH_REFRESH`] until `stop`.
+    refresher: JoinHandle<()>,
 }
 
 impl MetricsServer {
@@ -91,13 +95,16 @@ impl MetricsServer {
         let bind_failed = |source| MetricsHttpError::Bind { addr, source };
         let listener = TcpListener::bind(addr).await.map_err(bind_failed)?;
         let addr = listener.local_addr().map_err(bind_failed)?;
+        // The first count before the first scrape can come, so that it
+        // shows the real queue rather than zeros (bounded by STORE_TIMEOUT).
+        count_queue(&store, metrics::global()).await;
+        let (stop, stopped) = watch::channel(false);
+        let refresher = tokio::spawn(refresh_depth(store.clone(), stopped.clone()));
         let app = router(Arc::new(Shared {
             store,
             token: options.token,
             ready: Mutex::new(None),
-            depth_read_at: Mutex::new(None),
         }));
-        let (stop, stopped) = watch::channel(false);
         let connection = HttpConnection {
             app,
             tls: None,
@@ -122,7 +129,12 @@ impl MetricsServer {
             STORE_TIMEOUT,
         ));
         tracing::info!(%addr, "metrics listening");
-        Ok(MetricsServer { addr, stop, task })
+        Ok(MetricsServer {
+            addr,
+            stop,
+            task,
+            refresher,
+        })
     }
 
     /// Stops accepting and waits for requests under way (at most a few
@@ -133,6 +145,21 @@ impl MetricsServer {
         if tokio::time::timeout(STORE_TIMEOUT * 2, task).await.is_err() {
             tracing::warn!("metrics listener did not stop in time");
         }
+        // A count under way is only a read: it need not finish.
+        self.refresher.abort();
+        let _ = self.refresher.await;
+    }
+}
+
+/// Counts the queue every [`DEPTH_REFRESH`] until `stopped` says so.
+async fn refresh_depth(store: Arc<dyn Store>, mut stopped: watch::Receiver<bool>) {
+    let m = metrics::global();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(DEPTH_REFRESH) => {}
+            _ = stopped.wait_for(|stop| *stop) => return,
+        }
+        count_queue(&store, m).await;
     }
 }
 
@@ -170,14 +197,7 @@ async fn scrape(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Respon
         )
             .into_response();
     }
-    let store = &shared.store;
     let m = metrics::global();
-    let mut read_at = shared.depth_read_at.lock().await;
-    if read_at.is_none_or(|at| at.elapsed() >= READY_CACHE) {
-        count_queue(store, m).await;
-        *read_at = Some(Instant::now());
-    }
-    drop(read_at);
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let format = metrics::Format::from_accept(accept);
     match m.render_as(format) {
@@ -222,11 +242,16 @@ async fn ready(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
-/// Reads the queue's depth into the gauges.
+/// Reads the queue's depth into the gauges, and how long that took.
 async fn count_queue(store: &Arc<dyn Store>, m: &metrics::Metrics) {
     // A store that cannot be read leaves the last values in place (its
     // trouble shows on /readyz and in the submission outcomes).
-    match tokio::time::timeout(STORE_TIMEOUT, store.queue_depth()).await {
+    let started = Instant::now();
+    let depth = tokio::time::timeout(STORE_TIMEOUT, store.queue_depth()).await;
+    let took = started.elapsed();
+    m.queue_count_seconds(took.as_secs_f64());
+    tracing::debug!(seconds = took.as_secs_f64(), "metrics: queue counted");
+    match depth {
         Ok(Ok(depth)) => {
             let counts: Vec<(&'static str, u64)> = depth
                 .counts

@@ -206,7 +206,8 @@ pub trait Store: Send + Sync + 'static {
     fn ready(&self) -> BoxFuture<'static, Result<(), StoreError>>;
 
     /// Messages still in the queue per state, and how long the oldest one
-    /// waiting for delivery has waited. A read; `/metrics` at each scrape.
+    /// waiting for delivery has waited. A read; the metrics listener runs
+    /// it in the background every few seconds.
     fn queue_depth(&self) -> BoxFuture<'static, Result<QueueDepth, StoreError>>;
 }
 

@@ -537,8 +537,8 @@ impl Store for PgStore {
     fn queue_depth(&self) -> BoxFuture<'static, Result<QueueDepth, StoreError>> {
         let pool = self.pool.clone();
         Box::pin(async move {
-            let c = Self::reader(&pool).await?;
-            probe::queue_depth_on(&c).await
+            let mut c = Self::reader(&pool).await?;
+            probe::queue_depth_on(&mut c).await
         })
     }
 }

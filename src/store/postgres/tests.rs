@@ -409,6 +409,41 @@ async fn ready_and_queue_depth_then_not_ready_once_the_database_is_gone() {
     store.close();
 }
 
+// Issue 22 item 5: the count and the oldest age are one statement now (one
+// scan instead of two); the same answer: each live state, and the oldest
+// age over queued, deferred and delivering only (not held, not done).
+#[tokio::test]
+async fn queue_depth_counts_live_states_and_ages_only_waiting_ones() {
+    let db = TestDb::new().await;
+    let store = db.node("a").await;
+    db.sql()
+        .await
+        .batch_execute(
+            "INSERT INTO queue (id, workspace, account, reverse_path, recipients, size, state,
+                                created_at, updated_at)
+             SELECT id, 'w', 'a', 's@x', 'r@y', 1, state, smtp_once_now() - age, 0
+             FROM (VALUES ('Q1', 'queued', 5000), ('Q2', 'queued', 1000),
+                          ('D1', 'deferred', 20000), ('H1', 'held', 9000000),
+                          ('F1', 'delivered', 9000000)) AS v(id, state, age)",
+        )
+        .await
+        .expect("rows");
+    let mut depth = store.queue_depth().await.expect("depth");
+    depth.counts.sort_by_key(|(s, _)| s.as_str());
+    assert_eq!(
+        depth.counts,
+        [
+            (MessageState::Deferred, 1),
+            (MessageState::Held, 1),
+            (MessageState::Queued, 2)
+        ]
+    );
+    let age = depth.oldest_age_ms.expect("an oldest");
+    assert!((20_000..80_000).contains(&age), "{age}: the deferred one");
+    store.close();
+    db.drop_db().await;
+}
+
 #[tokio::test]
 async fn a_second_live_node_with_the_same_id_is_refused() {
     let db = TestDb::new().await;
