@@ -73,6 +73,15 @@ pub enum Command {
         /// Only messages in this state (queued, deferred, delivering, delivered, failed, expired, held).
         #[arg(long)]
         state: Option<String>,
+        /// Only this workspace's messages.
+        #[arg(long)]
+        workspace: Option<String>,
+        /// Only messages accepted longer ago than this (e.g. 2h, 3d).
+        #[arg(long, value_name = "DURATION")]
+        older_than: Option<String>,
+        /// Only messages accepted within this (e.g. 15m).
+        #[arg(long, value_name = "DURATION")]
+        newer_than: Option<String>,
         #[arg(long, default_value_t = 1000)]
         limit: usize,
     },
@@ -171,11 +180,17 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Queue {
             config,
             state,
+            workspace,
+            older_than,
+            newer_than,
             limit,
         } => queue::run(
             &config,
             QueueCommand::List {
                 state: state.as_deref(),
+                workspace,
+                older_than: older_than.as_deref(),
+                newer_than: newer_than.as_deref(),
                 limit,
             },
         ),

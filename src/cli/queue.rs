@@ -16,6 +16,11 @@ pub enum QueueCommand<'a> {
     Status(&'a str),
     List {
         state: Option<&'a str>,
+        workspace: Option<String>,
+        /// Accepted longer ago than this duration.
+        older_than: Option<&'a str>,
+        /// Accepted within this duration.
+        newer_than: Option<&'a str>,
         limit: usize,
     },
     RetryAll,
@@ -33,6 +38,29 @@ pub fn run(config: &Path, command: QueueCommand<'_>) -> Result<(), String> {
         })?),
         _ => None,
     };
+    let mut filter = ListFilter {
+        state,
+        ..ListFilter::default()
+    };
+    if let QueueCommand::List {
+        workspace,
+        older_than,
+        newer_than,
+        limit,
+        ..
+    } = &command
+    {
+        let now = crate::store::now_millis();
+        let ago = |flag: &str, value: &str| {
+            crate::config::parse_duration(value)
+                .map(|d| now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+                .map_err(|e| format!("{flag} {value:?}: {e}"))
+        };
+        filter.workspace = workspace.clone();
+        filter.created_before = older_than.map(|v| ago("--older-than", v)).transpose()?;
+        filter.created_from = newer_than.map(|v| ago("--newer-than", v)).transpose()?;
+        filter.limit = *limit;
+    }
     let config = Config::load(config).map_err(|e| e.to_string())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -48,7 +76,7 @@ pub fn run(config: &Path, command: QueueCommand<'_>) -> Result<(), String> {
                 print!("{}", format_delivery(&m.recipients, &attempts));
                 Ok(())
             }
-            QueueCommand::List { limit, .. } => list(admin, state, limit).await,
+            QueueCommand::List { .. } => list(admin, filter).await,
             QueueCommand::RetryAll => {
                 let n = admin.retry_all().await.map_err(|e| e.to_string())?;
                 println!("{n} message(s) due now");
@@ -99,19 +127,8 @@ async fn open(config: &Config) -> Result<Box<dyn QueueAdmin>, StoreError> {
     })
 }
 
-async fn list(
-    admin: &dyn QueueAdmin,
-    state: Option<MessageState>,
-    limit: usize,
-) -> Result<(), String> {
-    let messages = admin
-        .list(ListFilter {
-            state,
-            limit,
-            ..ListFilter::default()
-        })
-        .await
-        .map_err(|e| e.to_string())?;
+async fn list(admin: &dyn QueueAdmin, filter: ListFilter) -> Result<(), String> {
+    let messages = admin.list(filter).await.map_err(|e| e.to_string())?;
     for m in &messages {
         let error = match (&m.last_error, m.state) {
             (Some(e), s) if s != MessageState::Delivered => {
