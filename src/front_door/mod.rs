@@ -48,18 +48,6 @@ pub trait ClientPolicy: Send + Sync {
     fn is_exempt(&self, ip: IpAddr) -> bool;
 }
 
-/// A policy that bans nobody and exempts nobody (tests, tools).
-pub struct OpenDoor;
-
-impl ClientPolicy for OpenDoor {
-    fn is_banned(&self, _: IpAddr) -> bool {
-        false
-    }
-    fn is_exempt(&self, _: IpAddr) -> bool {
-        false
-    }
-}
-
 /// What every listener of a node shares.
 pub struct Door {
     policy: Arc<dyn ClientPolicy>,
@@ -85,10 +73,6 @@ impl Door {
             tls_handshake_timeout,
             write_timeout,
         })
-    }
-
-    pub fn policy(&self) -> &dyn ClientPolicy {
-        &*self.policy
     }
 }
 

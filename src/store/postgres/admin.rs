@@ -8,7 +8,7 @@ use tokio::sync::Mutex;
 use tokio_postgres::Transaction;
 
 use super::status::{COLUMNS, attempt_of, status_of};
-use super::{QUEUED_CHANNEL, classify, describe, session_config};
+use super::{QUEUED_CHANNEL, classify, connect_one};
 use crate::store::admin::{AdminAction, AdminError, ListFilter, QueueAdmin, decide};
 use crate::store::{BoxFuture, MessageDetail, MessageState, MessageStatus, StoreError};
 
@@ -32,16 +32,7 @@ fn db(e: tokio_postgres::Error) -> AdminError {
 impl PgQueueAdmin {
     /// Connects with the store's settings (TLS with `ca_file`, timeouts).
     pub async fn connect(url: &str, ca_file: Option<&std::path::Path>) -> Result<Self, StoreError> {
-        let (config, tls) = session_config(url, ca_file)?;
-        let (client, connection) = config.connect(tls).await.map_err(|e| {
-            StoreError::Unavailable(format!("cannot connect to PostgreSQL: {}", describe(&e)))
-        })?;
-        // Ends by itself when the client is dropped.
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %describe(&e), "queue admin connection ended");
-            }
-        });
+        let client = connect_one(url, ca_file, "queue admin").await?;
         Ok(Self {
             client: Mutex::new(client),
         })

@@ -140,6 +140,26 @@ impl PgStore {
     }
 }
 
+/// One connection of its own for an operator command (`PgQueueAdmin`,
+/// `PgOutboxAdmin`), with the store's settings; its driver task ends when
+/// the client is dropped. `what` names it in the log.
+async fn connect_one(
+    url: &str,
+    ca_file: Option<&std::path::Path>,
+    what: &'static str,
+) -> Result<tokio_postgres::Client, StoreError> {
+    let (config, tls) = session_config(url, ca_file)?;
+    let (client, connection) = config.connect(tls).await.map_err(|e| {
+        StoreError::Unavailable(format!("cannot connect to PostgreSQL: {}", describe(&e)))
+    })?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %describe(&e), "{what} connection ended");
+        }
+    });
+    Ok(client)
+}
+
 /// The connection settings every connection of this store uses (the
 /// operators' `PgOutboxAdmin` included): `url` plus the lock and statement
 /// timeouts, and TLS (with `ca_file`'s roots if given).

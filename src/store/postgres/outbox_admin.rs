@@ -6,7 +6,7 @@
 use tokio::sync::Mutex;
 use tokio_postgres::types::ToSql;
 
-use super::{EVENTS_CHANNEL, classify, describe, session_config};
+use super::{EVENTS_CHANNEL, classify, connect_one};
 use crate::store::outbox::{DisabledEndpoint, EventStatus, OutboxAdmin};
 use crate::store::{BoxFuture, StoreError, UnixMillis};
 
@@ -38,16 +38,7 @@ fn event_status(r: &tokio_postgres::Row) -> EventStatus {
 impl PgOutboxAdmin {
     /// Connects with the store's settings (TLS with `ca_file`, timeouts).
     pub async fn connect(url: &str, ca_file: Option<&std::path::Path>) -> Result<Self, StoreError> {
-        let (config, tls) = session_config(url, ca_file)?;
-        let (client, connection) = config.connect(tls).await.map_err(|e| {
-            StoreError::Unavailable(format!("cannot connect to PostgreSQL: {}", describe(&e)))
-        })?;
-        // Ends by itself when the client is dropped.
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %describe(&e), "webhooks admin connection ended");
-            }
-        });
+        let client = connect_one(url, ca_file, "webhooks admin").await?;
         Ok(Self {
             client: Mutex::new(client),
         })
