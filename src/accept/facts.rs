@@ -30,6 +30,16 @@ pub enum Verdict {
     Keyed(String, Fingerprint),
 }
 
+/// What decides a message's identity: the MIME limits within which it is
+/// parsed, and which headers carry the key or stay out of the fingerprint.
+#[derive(Debug, Clone)]
+pub struct IdentityRules {
+    pub limits: MimeLimits,
+    pub volatile: VolatileHeaders,
+    pub transit: TransitHeaders,
+    pub key_headers: KeyHeaders,
+}
+
 pub struct Facts {
     pub verdict: Verdict,
     /// Why the `From:` header is refused, if it is.
@@ -37,14 +47,13 @@ pub struct Facts {
 }
 
 impl Facts {
-    pub fn of(
-        sub: &Submission,
-        source: &KeySource,
-        limits: &MimeLimits,
-        volatile: &VolatileHeaders,
-        transit: &TransitHeaders,
-        key_headers: &KeyHeaders,
-    ) -> Facts {
+    pub fn of(sub: &Submission, source: &KeySource, rules: &IdentityRules) -> Facts {
+        let IdentityRules {
+            limits,
+            volatile,
+            transit,
+            key_headers,
+        } = rules;
         let verdict = match key_of(sub, source, key_headers) {
             Err(e) => Verdict::BadKey(e),
             Ok(key) => match (mime_limits::check(&sub.content, limits), key) {
@@ -83,10 +92,14 @@ impl Facts {
 pub fn earlier_fingerprints(
     sub: &Submission,
     source: &KeySource,
-    limits: &MimeLimits,
-    volatile: &VolatileHeaders,
-    transit: &TransitHeaders,
+    rules: &IdentityRules,
 ) -> Vec<Fingerprint> {
+    let IdentityRules {
+        limits,
+        volatile,
+        transit,
+        ..
+    } = rules;
     let Ok(within) = mime_limits::check(&sub.content, limits) else {
         return Vec::new();
     };

@@ -44,7 +44,7 @@ use crate::webhook::Router;
 use crate::webhook::route::Accepted;
 use channel::{Channel, KeySource};
 
-use facts::{Facts, Verdict, earlier_fingerprints};
+use facts::{Facts, IdentityRules, Verdict, earlier_fingerprints};
 use from_header::SenderRefusal;
 use pool::Pool;
 
@@ -60,13 +60,9 @@ pub struct Acceptor {
     claims: Claims,
     retention: Duration,
     hostname: String,
-    mime_limits: MimeLimits,
-    /// Top-level headers whose values the fingerprint leaves out.
-    volatile: Arc<VolatileHeaders>,
-    /// Top-level trace fields a keyed message's identity leaves out.
-    transit: Arc<TransitHeaders>,
-    /// Where an SMTP message's key is read (`[idempotency] key_headers`).
-    key_headers: KeyHeaders,
+    /// MIME limits, key headers, and the headers the fingerprint leaves
+    /// out (`[limits]`, `[idempotency]`); shared with the parse pool.
+    rules: Arc<IdentityRules>,
     pool: Pool,
     /// `[[webhook]]` filters: `message.accepted` rows join the commit.
     webhooks: Router,
@@ -98,14 +94,16 @@ impl Acceptor {
             claims: Claims::default(),
             retention,
             hostname,
-            mime_limits: MimeLimits {
-                // config refuses a depth above MAX_MIME_DEPTH_CEILING.
-                max_depth: limits.max_mime_depth,
-                max_parts: limits.max_mime_parts,
-            },
-            volatile: Arc::new(volatile),
-            transit: Arc::new(TransitHeaders::default()),
-            key_headers: KeyHeaders::default(),
+            rules: Arc::new(IdentityRules {
+                limits: MimeLimits {
+                    // config refuses a depth above MAX_MIME_DEPTH_CEILING.
+                    max_depth: limits.max_mime_depth,
+                    max_parts: limits.max_mime_parts,
+                },
+                volatile,
+                transit: TransitHeaders::default(),
+                key_headers: KeyHeaders::default(),
+            }),
             pool,
             webhooks: Router::default(),
             dkim: Arc::new(Signers::default()),
@@ -116,7 +114,7 @@ impl Acceptor {
     /// The trace fields a keyed message's identity leaves out
     /// (`[idempotency] transit_headers`).
     pub fn with_transit(mut self, transit: TransitHeaders) -> Self {
-        self.transit = Arc::new(transit);
+        Arc::make_mut(&mut self.rules).transit = transit;
         self
     }
 
@@ -128,7 +126,7 @@ impl Acceptor {
 
     /// Reads an SMTP message's key from these headers.
     pub fn with_key_headers(mut self, key_headers: KeyHeaders) -> Self {
-        self.key_headers = key_headers;
+        Arc::make_mut(&mut self.rules).key_headers = key_headers;
         self
     }
 
@@ -170,30 +168,19 @@ impl Acceptor {
     ) -> (Vec<u8>, Outcome) {
         let workspace = sub.submitter.workspace().to_owned();
         let peer = sub.peer;
-        let limits = self.mime_limits;
         // The content rule first (every channel, the message as stored),
         // then the facts; both read the whole message.
+        let look = |sub: &Submission, source: &KeySource, rules: &IdentityRules| {
+            check_content(&sub.content).map(|()| Facts::of(sub, source, rules))
+        };
         let looked_at = if sub.content.len() <= INLINE_MAX {
-            let facts = check_content(&sub.content).map(|()| {
-                Facts::of(
-                    &sub,
-                    &source,
-                    &limits,
-                    &self.volatile,
-                    &self.transit,
-                    &self.key_headers,
-                )
-            });
+            let facts = look(&sub, &source, &self.rules);
             Ok((sub, source, facts))
         } else {
-            let volatile = Arc::clone(&self.volatile);
-            let transit = Arc::clone(&self.transit);
-            let key_headers = self.key_headers.clone();
+            let rules = Arc::clone(&self.rules);
             self.pool
                 .run(move || {
-                    let facts = check_content(&sub.content).map(|()| {
-                        Facts::of(&sub, &source, &limits, &volatile, &transit, &key_headers)
-                    });
+                    let facts = look(&sub, &source, &rules);
                     (sub, source, facts)
                 })
                 .await
@@ -293,17 +280,15 @@ impl Acceptor {
         source: KeySource,
         stored: &Fingerprint,
     ) -> bool {
-        if self.volatile.is_empty() && self.transit.is_empty() {
+        if self.rules.volatile.is_empty() && self.rules.transit.is_empty() {
             return false;
         }
-        let limits = self.mime_limits;
         let earlier = if sub.content.len() <= INLINE_MAX {
-            earlier_fingerprints(&sub, &source, &limits, &self.volatile, &self.transit)
+            earlier_fingerprints(&sub, &source, &self.rules)
         } else {
-            let volatile = Arc::clone(&self.volatile);
-            let transit = Arc::clone(&self.transit);
+            let rules = Arc::clone(&self.rules);
             self.pool
-                .run(move || earlier_fingerprints(&sub, &source, &limits, &volatile, &transit))
+                .run(move || earlier_fingerprints(&sub, &source, &rules))
                 .await
                 .unwrap_or_default()
         };
