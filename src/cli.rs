@@ -393,6 +393,9 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
         None => None,
     };
     let server = Server::start(config, store, acceptor, auth, door, budget).await?;
+    // Registered before the lines below: a SIGTERM sent as soon as a script
+    // sees them must stop us gracefully, not kill us by the default action.
+    let stop = stop_signal();
     if let Some(metrics) = &metrics {
         // Before the listening lines, which tests and scripts wait for.
         println!("smtp-once metrics on {}", metrics.addr);
@@ -405,7 +408,7 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
         println!("smtp-once http on {}", http.addr);
     }
     let _ = std::io::stdout().flush();
-    wait_for_signal().await;
+    stop.await;
     tracing::info!("stopping: finishing in-flight transactions and deliveries");
     let http_stopped = async {
         if let Some(http) = http {
@@ -424,19 +427,23 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
     Ok(())
 }
 
-async fn wait_for_signal() {
+/// Resolves at SIGTERM or SIGINT. The handlers are installed when this is
+/// called, not when it is first polled.
+fn stop_signal() -> impl Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());
-    match (term, int) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
             }
-        }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }
