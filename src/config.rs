@@ -295,6 +295,10 @@ pub struct RawUser {
     pub allowed_senders: Option<Vec<String>>,
     /// SHA-256 of the account's HTTP API token (`smtp-once new-api-key`).
     pub api_key_hash: Option<String>,
+    /// `"workspace"` (the default: its own workspace only) or
+    /// `"operator"` (the API reads and acts on every workspace's messages).
+    #[serde(default)]
+    pub role: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -640,6 +644,8 @@ pub struct User {
     pub allowed_senders: Option<Vec<SenderPattern>>,
     /// SHA-256 of the HTTP API token, if the account may use the API.
     pub api_key_hash: Option<[u8; 32]>,
+    /// `role = "operator"`: over the API, every workspace's messages.
+    pub operator: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -843,12 +849,24 @@ fn validate(raw: RawConfig, path: &Path, base: &Path, p: &mut Problems) -> Confi
                 "the same API key is given to another user",
             );
         }
+        let operator = match u.role.as_deref() {
+            None | Some("workspace") => false,
+            Some("operator") => true,
+            Some(other) => {
+                p.add(
+                    format!("user[{i}].role"),
+                    format!("{other:?} is not a role: \"workspace\" (the default) or \"operator\""),
+                );
+                false
+            }
+        };
         users.push(User {
             name: u.name.clone(),
             password_hash: u.password_hash.clone(),
             workspace: u.workspace.clone(),
             allowed_senders,
             api_key_hash,
+            operator,
         });
     }
 
