@@ -17,7 +17,7 @@ use crate::store::{DeliveryQueue, StatusReader, Store, WebhookOutbox};
 use queue::QueueCommand;
 
 mod help;
-mod queue;
+pub(crate) mod queue;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -377,13 +377,24 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
         ),
         None => None,
     };
-    let acceptor = Arc::new(crate::server::acceptor(config, store.clone(), router)?);
+    let acceptor = Arc::new(crate::server::acceptor(
+        config,
+        store.clone(),
+        router.clone(),
+    )?);
     let http = match &config.http {
         Some(settings) => {
+            // The API's queue actions on their own connection, as the
+            // CLI's: a long action never waits behind acceptances.
+            let admin = crate::cli::queue::open(config)
+                .await
+                .map_err(|e| format!("cannot open the queue for the API's actions: {e}"))?;
             let front = crate::http::Front {
                 door: door.clone(),
                 auth: auth.clone(),
                 budget: budget.clone(),
+                admin: Arc::from(admin),
+                webhooks: router,
             };
             Some(
                 crate::http::start(config, settings, acceptor.clone(), store.clone(), front)

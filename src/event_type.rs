@@ -10,15 +10,28 @@ pub enum EventType {
     Bounced,
     /// Still deferred when the message reached its maximum age.
     Expired,
+    /// An operator or the application cancelled it (API `DELETE`, CLI
+    /// `cancel`).
+    Cancelled,
+    /// Held by an operator: not attempted until released.
+    Held,
+    /// Released from hold: attempted again.
+    Released,
+    /// Made due now by an operator (`retry`): its attempt follows.
+    Retried,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 5] = [
+    pub const ALL: [EventType; 9] = [
         EventType::Accepted,
         EventType::Delivered,
         EventType::Deferred,
         EventType::Bounced,
         EventType::Expired,
+        EventType::Cancelled,
+        EventType::Held,
+        EventType::Released,
+        EventType::Retried,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -28,6 +41,10 @@ impl EventType {
             EventType::Deferred => "message.deferred",
             EventType::Bounced => "message.bounced",
             EventType::Expired => "message.expired",
+            EventType::Cancelled => "message.cancelled",
+            EventType::Held => "message.held",
+            EventType::Released => "message.released",
+            EventType::Retried => "message.retried",
         }
     }
 

@@ -3,11 +3,10 @@
 //! whole content and costs CPU in proportion to its size, so none of it runs
 //! on an async worker.
 
-use sha2::{Digest, Sha256};
-
 use crate::idempotency::fingerprint::{Fingerprint, fingerprint_checked, keyed_fingerprint};
-use crate::idempotency::key::{KeyError, KeyHeaders, MAX_KEY_CHARS};
+use crate::idempotency::key::{KeyError, KeyHeaders};
 use crate::idempotency::mime_limits::{self, MimeLimitError, MimeLimits};
+use crate::idempotency::request::{request_fingerprint, request_key};
 use crate::idempotency::transit::TransitHeaders;
 use crate::idempotency::volatile::VolatileHeaders;
 use crate::submission::Submission;
@@ -129,19 +128,7 @@ fn key_of(
 ) -> Result<Option<String>, KeyError> {
     match source {
         KeySource::MessageHeader => key_headers.extract(&sub.content),
-        KeySource::Request { key, .. } => {
-            let Some(key) = key.as_deref().map(str::trim).filter(|k| !k.is_empty()) else {
-                return Ok(None);
-            };
-            let chars = key.chars().count();
-            if chars > MAX_KEY_CHARS {
-                return Err(KeyError::TooLong {
-                    header: "Idempotency-Key".into(),
-                    chars,
-                });
-            }
-            Ok(Some(key.to_owned()))
-        }
+        KeySource::Request { key, .. } => request_key(key.as_deref()),
     }
 }
 
@@ -152,12 +139,7 @@ fn identity(source: &KeySource, message: Fingerprint) -> Fingerprint {
     match source {
         KeySource::MessageHeader => message,
         KeySource::Request { line, body, .. } => {
-            let mut h = Sha256::new();
-            h.update(b"smtp-once http request\0");
-            h.update(line.as_bytes());
-            h.update(b"\0");
-            h.update(body.unwrap_or(message));
-            h.finalize().into()
+            request_fingerprint(line, &body.unwrap_or(message))
         }
     }
 }

@@ -16,6 +16,7 @@
 pub mod channel;
 mod facts;
 pub mod from_header;
+pub mod operation;
 pub mod pool;
 mod sign;
 

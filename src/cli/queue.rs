@@ -116,7 +116,7 @@ pub fn run(config: &Path, command: QueueCommand<'_>) -> Result<(), String> {
 
 /// The configured store's admin: the SQLite file beside a running daemon,
 /// or a connection of its own to PostgreSQL.
-async fn open(config: &Config) -> Result<Box<dyn QueueAdmin>, StoreError> {
+pub(crate) async fn open(config: &Config) -> Result<Box<dyn QueueAdmin>, StoreError> {
     Ok(match &config.store {
         StoreBackend::Sqlite => Box::new(crate::store::sqlite::SqliteQueueAdmin::open(
             &config.data_dir,

@@ -9,25 +9,51 @@ use sha2::{Digest, Sha256};
 
 use crate::auth::{Account, Submitter};
 
+/// An account with a token, and whether it is an operator's
+/// (`role = "operator"`: every workspace's messages).
+pub struct KeyedAccount {
+    pub hash: [u8; 32],
+    pub account: Arc<Account>,
+    pub operator: bool,
+}
+
 pub struct ApiKeys {
-    accounts: Vec<([u8; 32], Arc<Account>)>,
+    accounts: Vec<KeyedAccount>,
+}
+
+/// Who made a request.
+#[derive(Clone)]
+pub struct Caller {
+    pub submitter: Submitter,
+    pub operator: bool,
+}
+
+impl Caller {
+    /// The workspace whose messages the caller may see and act on; `None`:
+    /// every workspace (an operator).
+    pub fn scope(&self) -> Option<&str> {
+        (!self.operator).then(|| self.submitter.workspace())
+    }
 }
 
 impl ApiKeys {
-    pub fn new(accounts: Vec<([u8; 32], Arc<Account>)>) -> Self {
+    pub fn new(accounts: Vec<KeyedAccount>) -> Self {
         Self { accounts }
     }
 
     /// The account whose token this is.
-    pub fn submitter(&self, token: &str) -> Option<Submitter> {
+    pub fn caller(&self, token: &str) -> Option<Caller> {
         let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let mut found = None;
-        for (stored, account) in &self.accounts {
-            if constant_time_eq(stored, &hash) {
-                found = Some(account.clone());
+        for keyed in &self.accounts {
+            if constant_time_eq(&keyed.hash, &hash) {
+                found = Some(keyed);
             }
         }
-        found.map(Submitter::Account)
+        found.map(|k| Caller {
+            submitter: Submitter::Account(k.account.clone()),
+            operator: k.operator,
+        })
     }
 }
 
@@ -69,13 +95,16 @@ mod tests {
             workspace: "w".into(),
             allowed_senders: None,
         });
-        let keys = ApiKeys::new(vec![(stored, account)]);
-        assert_eq!(
-            keys.submitter(&token).map(|s| s.name().to_owned()),
-            Some("app".into())
-        );
-        assert!(keys.submitter("so_wrong").is_none());
-        assert!(keys.submitter(&token[..token.len() - 1]).is_none());
+        let keys = ApiKeys::new(vec![KeyedAccount {
+            hash: stored,
+            account,
+            operator: false,
+        }]);
+        let caller = keys.caller(&token).expect("found");
+        assert_eq!(caller.submitter.name(), "app");
+        assert_eq!(caller.scope(), Some("w"));
+        assert!(keys.caller("so_wrong").is_none());
+        assert!(keys.caller(&token[..token.len() - 1]).is_none());
         assert_ne!(new_token().0, token, "random");
     }
 }

@@ -4,6 +4,7 @@
 //! Authentication by API key; the account's workspace and
 //! `allowed_senders` apply as on SMTP.
 
+mod actions;
 mod body;
 pub mod channel;
 pub mod compose;
@@ -27,9 +28,10 @@ use crate::accept::Acceptor;
 use crate::auth::{Authenticator, Submitter};
 use crate::budget::InFlightBudget;
 use crate::front_door::Door;
-use crate::store::StatusReader;
+use crate::store::{QueueAdmin, StatusReader};
+use crate::webhook::Router as Webhooks;
 use body::BodyLimits;
-use keys::ApiKeys;
+use keys::{ApiKeys, Caller, KeyedAccount};
 
 /// What every request handler shares.
 pub struct Api {
@@ -47,6 +49,10 @@ pub struct Api {
     pub body: BodyLimits,
     /// `server.hostname`: the right-hand side of a composed `Message-ID`.
     pub hostname: String,
+    /// Operations on messages (cancel, retry, hold, release).
+    pub admin: Arc<dyn QueueAdmin>,
+    /// The events those operations cause.
+    pub webhooks: Webhooks,
 }
 
 /// The OpenAPI document, checked in beside the code that serves it.
@@ -63,6 +69,11 @@ impl Api {
         headers: &HeaderMap,
         peer: SocketAddr,
     ) -> Result<Submitter, Box<Response>> {
+        self.caller(headers, peer).await.map(|c| c.submitter)
+    }
+
+    /// [`Api::authenticate`], with the account's role.
+    async fn caller(&self, headers: &HeaderMap, peer: SocketAddr) -> Result<Caller, Box<Response>> {
         if self.auth.api_key_refused_banned(peer.ip()) {
             tracing::info!(%peer, "HTTP request refused: address banned after authentication failures");
             let mut response = respond(channel::error(
@@ -80,7 +91,7 @@ impl Api {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
-        match token.and_then(|t| self.keys.submitter(t)) {
+        match token.and_then(|t| self.keys.caller(t)) {
             Some(s) => Ok(s),
             None => {
                 tracing::info!(
@@ -127,7 +138,13 @@ pub fn respond(encoded: Vec<u8>) -> Response {
 pub fn router(api: Arc<Api>) -> Router {
     Router::new()
         .route("/v1/messages", post(submit::submit).get(status::list))
-        .route("/v1/messages/{id}", get(status::one))
+        .route(
+            "/v1/messages/{id}",
+            get(status::one).delete(actions::cancel),
+        )
+        .route("/v1/messages/{id}/retry", post(actions::retry))
+        .route("/v1/messages/{id}/hold", post(actions::hold))
+        .route("/v1/messages/{id}/release", post(actions::release))
         .route(
             "/v1/openapi.json",
             get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),
@@ -167,7 +184,11 @@ pub async fn start(
                 workspace: u.workspace.clone(),
                 allowed_senders: u.allowed_senders.clone(),
             };
-            Some((hash, Arc::new(account)))
+            Some(KeyedAccount {
+                hash,
+                account: Arc::new(account),
+                operator: u.operator,
+            })
         })
         .collect();
     let tls = match (&config.tls, settings.tls) {
@@ -191,6 +212,8 @@ pub async fn start(
             min_rate: settings.min_body_rate,
         },
         hostname: config.hostname.clone(),
+        admin: front.admin,
+        webhooks: front.webhooks,
     });
     let limits = serve::Limits {
         max_connections: config.max_connections,
@@ -214,6 +237,9 @@ pub struct Front {
     pub door: Arc<Door>,
     pub auth: Arc<Authenticator>,
     pub budget: Arc<InFlightBudget>,
+    /// The node's queue operations (its own connection to the store).
+    pub admin: Arc<dyn QueueAdmin>,
+    pub webhooks: Webhooks,
 }
 
 /// A request's headers must arrive within this, however they trickle

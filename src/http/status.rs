@@ -1,6 +1,8 @@
 //! `GET /v1/messages/{id}` and `GET /v1/messages?state=&cursor=&limit=`:
 //! what `smtp-once status` shows, only within the caller's workspace
-//! (another workspace's id is a 404, as if it did not exist).
+//! (another workspace's id is a 404, as if it did not exist). An
+//! operator's key (`role = "operator"`) sees every workspace, and may
+//! list one with `workspace=`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,7 +15,9 @@ use serde_json::{Value, json};
 
 use super::channel::{encode, error};
 use super::{Api, respond};
-use crate::store::{AttemptRecord, MessageState, MessageStatus};
+use crate::store::{
+    AdminError, AttemptRecord, ListFilter, MessageState, MessageStatus, StoreError,
+};
 
 const DEFAULT_PAGE: usize = 50;
 const MAX_PAGE: usize = 500;
@@ -24,8 +28,8 @@ pub async fn one(
     id: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> Response {
-    let submitter = match api.authenticate(&headers, peer).await {
-        Ok(s) => s,
+    let caller = match api.caller(&headers, peer).await {
+        Ok(c) => c,
         Err(response) => return *response,
     };
     // An id that does not decode (`%FF`): JSON, like every other error.
@@ -33,7 +37,16 @@ pub async fn one(
         Ok(Path(id)) => id,
         Err(rejection) => return respond(error(400, "BadRequest", &rejection.body_text())),
     };
-    match api.status.message_in(submitter.workspace(), &id).await {
+    let found = match caller.scope() {
+        Some(workspace) => api.status.message_in(workspace, &id).await,
+        None => match api.admin.show(&id).await {
+            Ok(detail) => Ok(Some(detail)),
+            Err(AdminError::NotFound(_)) => Ok(None),
+            Err(AdminError::Store(e)) => Err(e),
+            Err(e) => Err(StoreError::Transient(e.to_string())),
+        },
+    };
+    match found {
         Ok(Some((message, attempts))) => respond(encode(200, &detail(&message, &attempts))),
         Ok(None) => respond(error(404, "NotFound", &format!("no message {id}"))),
         Err(e) => {
@@ -53,11 +66,12 @@ pub async fn list(
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Response {
-    let submitter = match api.authenticate(&headers, peer).await {
-        Ok(s) => s,
+    let caller = match api.caller(&headers, peer).await {
+        Ok(c) => c,
         Err(response) => return *response,
     };
     let (mut state, mut cursor, mut limit) = (None, None, DEFAULT_PAGE);
+    let mut workspace = None;
     for (k, v) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         match k.as_ref() {
             "state" => match MessageState::parse(&v) {
@@ -66,11 +80,19 @@ pub async fn list(
                     return respond(error(
                         400,
                         "BadRequest",
-                        "state must be queued, deferred, delivering, delivered, failed, expired or held",
+                        "state must be queued, deferred, delivering, delivered, failed, expired, held or cancelled",
                     ));
                 }
             },
             "cursor" => cursor = Some(v.into_owned()),
+            "workspace" if caller.operator => workspace = Some(v.into_owned()),
+            "workspace" => {
+                return respond(error(
+                    400,
+                    "BadRequest",
+                    "workspace= is for operator keys; this key sees its own workspace",
+                ));
+            }
             "limit" => match v.parse::<usize>() {
                 Ok(n) if (1..=MAX_PAGE).contains(&n) => limit = n,
                 _ => {
@@ -90,11 +112,20 @@ pub async fn list(
             }
         }
     }
-    match api
-        .status
-        .list(submitter.workspace(), state, cursor, limit)
-        .await
-    {
+    let listed = match caller.scope() {
+        Some(own) => api.status.list(own, state, cursor, limit).await,
+        None => {
+            let filter = ListFilter {
+                state,
+                workspace,
+                after: cursor,
+                limit,
+                ..ListFilter::default()
+            };
+            api.admin.list(filter).await
+        }
+    };
+    match listed {
         Ok(messages) => {
             let next = (messages.len() == limit)
                 .then(|| messages.last().map(|m| m.id.clone()))
@@ -119,6 +150,7 @@ pub async fn list(
 fn summary(m: &MessageStatus) -> Value {
     json!({
         "id": m.id,
+        "workspace": m.workspace,
         "state": m.state.as_str(),
         "from": m.reverse_path,
         "recipients": m.recipients,
@@ -155,6 +187,7 @@ fn detail(m: &MessageStatus, attempts: &[AttemptRecord]) -> Value {
         .collect();
     json!({
         "id": m.id,
+        "workspace": m.workspace,
         "state": m.state.as_str(),
         "from": m.reverse_path,
         "recipients": recipients,

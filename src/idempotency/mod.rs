@@ -7,6 +7,7 @@ pub mod decision;
 pub mod fingerprint;
 pub mod key;
 pub mod mime_limits;
+pub mod request;
 pub mod transit;
 pub mod volatile;
 

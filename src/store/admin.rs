@@ -1,14 +1,20 @@
 //! The operators' view of the queue (`smtp-once status|queue|retry|hold|
-//! release|delete`), the same on every backend. In plain values: the store
-//! decides what a state allows and says why it refused in [`AdminError`];
-//! the CLI words it.
+//! release|cancel|delete`, and the API's message routes), the same on every
+//! backend. In plain values: the store decides what a state allows and says
+//! why it refused in [`AdminError`]; the CLI and the API word it.
 //!
 //! Each mutation is one short transaction on the message's row, usable
 //! while nodes deliver: none of them can make a worker send a message
-//! twice. Times are the store's clock (SQLite: this host's; PostgreSQL:
-//! the database's), as for leases.
+//! twice. What the caller records with it (an idempotency ledger entry, the
+//! webhook events it causes) is built from its outcome by a [`Recorder`]
+//! and written in the same transaction: a change is never committed without
+//! its record, nor a record without its change. Times are the store's
+//! clock (SQLite: this host's; PostgreSQL: the database's), as for leases.
 
-use super::{BoxFuture, MessageDetail, MessageState, MessageStatus, StoreError, UnixMillis};
+use super::{
+    BoxFuture, MessageDetail, MessageState, MessageStatus, NewEvent, NewLedgerEntry, StoreError,
+    UnixMillis,
+};
 
 /// Which messages [`QueueAdmin::list`] returns: in queue-id (acceptance)
 /// order, after the cursor `after`, at most `limit`.
@@ -25,13 +31,28 @@ pub struct ListFilter {
     pub limit: usize,
 }
 
-/// The operator action an [`AdminError::State`] refused.
+/// An operator action on one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AdminAction {
     Retry,
     Hold,
     Release,
+    /// Stops a message for good, keeping its row and history.
+    Cancel,
+    /// Removes the row, its body and its history.
     Delete,
+}
+
+impl AdminAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdminAction::Retry => "retry",
+            AdminAction::Hold => "hold",
+            AdminAction::Release => "release",
+            AdminAction::Cancel => "cancel",
+            AdminAction::Delete => "delete",
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -47,7 +68,7 @@ pub enum AdminError {
         until: UnixMillis,
     },
     /// The message's state does not allow the action.
-    #[error("{id}: cannot {action:?} a message that is {}", state.as_str())]
+    #[error("{id}: cannot {} a message that is {}", action.as_str(), state.as_str())]
     State {
         id: String,
         state: MessageState,
@@ -55,9 +76,76 @@ pub enum AdminError {
     },
     #[error("{id}: has an unknown state {state:?}")]
     UnknownState { id: String, state: String },
+    /// The record's ledger entry found its key taken by another writer
+    /// (another node) since it was looked up: nothing was changed.
+    #[error("the idempotency key was used concurrently; nothing was changed")]
+    KeyTaken,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
+
+/// One operator action on one message.
+pub struct Change {
+    pub action: AdminAction,
+    pub id: String,
+    /// Only a message of this workspace (another's is [`AdminError::NotFound`],
+    /// as if it did not exist); `None`: any (an operator).
+    pub workspace: Option<String>,
+    /// Who acted, for the history of a cancelled message.
+    pub actor: String,
+    /// What to write with the change, from its outcome.
+    pub recorder: Option<Recorder>,
+}
+
+impl Change {
+    /// The action on any workspace's message, recording nothing.
+    pub fn plain(action: AdminAction, id: &str) -> Self {
+        Self {
+            action,
+            id: id.to_owned(),
+            workspace: None,
+            actor: "operator".into(),
+            recorder: None,
+        }
+    }
+}
+
+/// What a change did, as its reply and its events are built from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Done {
+    pub id: String,
+    pub workspace: String,
+    pub idempotency_key: Option<String>,
+    pub action: AdminAction,
+    /// The state before and after (`Delete`: after is the state before).
+    pub before: MessageState,
+    pub state: MessageState,
+    /// The recipients a cancel stopped (those without a final outcome).
+    pub stopped: Vec<String>,
+    /// When, on the store's clock.
+    pub at: UnixMillis,
+}
+
+impl Done {
+    /// Whether anything changed (a hold of a held message, a cancel of a
+    /// cancelled one, change nothing and cause no event).
+    pub fn changed(&self) -> bool {
+        self.before != self.state || matches!(self.action, AdminAction::Retry | AdminAction::Delete)
+    }
+}
+
+/// What a change writes with itself: built from its outcome (refusals
+/// included: a stored `409` is a ledger entry without a change), written in
+/// its transaction, or the change is rolled back.
+#[derive(Debug, Default)]
+pub struct Record {
+    pub ledger: Option<NewLedgerEntry>,
+    pub events: Vec<NewEvent>,
+}
+
+/// Builds a change's [`Record`] from its outcome; runs inside the store's
+/// transaction, so it must not block or wait.
+pub type Recorder = Box<dyn FnOnce(&Result<Done, AdminError>) -> Record + Send + Sync>;
 
 /// What each backend implements (SQLite: `sqlite::SqliteQueueAdmin`;
 /// PostgreSQL: `postgres::PgQueueAdmin`).
@@ -67,25 +155,57 @@ pub trait QueueAdmin: Send + Sync {
     /// The message and every attempt, oldest first.
     fn show<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<MessageDetail, AdminError>>;
 
-    /// Makes a queued or deferred message due now; returns its state.
-    fn retry<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<MessageState, AdminError>>;
-
     /// Makes every queued and deferred message not yet due, due now;
     /// returns how many.
     fn retry_all(&self) -> BoxFuture<'_, Result<usize, StoreError>>;
 
-    /// Queued, deferred or delivering → held (held stays held). An attempt
-    /// in flight finishes; if it leaves recipients pending, the message
-    /// stays held.
-    fn hold<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<MessageState, AdminError>>;
+    /// One action, as [`decide`] allows it, in one transaction with its
+    /// record. `Err` only when the store failed (nothing was written);
+    /// a refusal is `Ok(Err(_))`, written with its record.
+    ///
+    /// - `Retry`: a queued or deferred message due now.
+    /// - `Hold`: queued, deferred or delivering → held (held stays held).
+    ///   An attempt in flight finishes; if it leaves recipients pending,
+    ///   the message stays held.
+    /// - `Release`: held → queued (never attempted) or deferred; due now,
+    ///   or when a running attempt's lease ends, so two attempts never
+    ///   overlap.
+    /// - `Cancel`: → cancelled, unless an attempt holds a live lease;
+    ///   each recipient without a final outcome gets a `cancelled` one.
+    /// - `Delete`: removes the message, its body and its attempts, unless
+    ///   it is `delivering` under a live lease.
+    fn apply(&self, change: Change) -> BoxFuture<'_, Result<Result<Done, AdminError>, StoreError>>;
 
-    /// Held → queued (never attempted) or deferred, returned; due now, or
-    /// when a running attempt's lease ends, so two attempts never overlap.
-    fn release<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<MessageState, AdminError>>;
+    fn act<'a>(
+        &'a self,
+        action: AdminAction,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<MessageState, AdminError>> {
+        Box::pin(async move {
+            let done = self.apply(Change::plain(action, id)).await??;
+            Ok(done.state)
+        })
+    }
 
-    /// Removes the message, its body and its attempts, unless it is
-    /// `delivering` under a live lease ([`AdminError::LiveLease`]).
-    fn delete<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), AdminError>>;
+    /// [`AdminAction::Retry`], recording nothing.
+    fn retry<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<MessageState, AdminError>> {
+        self.act(AdminAction::Retry, id)
+    }
+
+    /// [`AdminAction::Hold`], recording nothing.
+    fn hold<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<MessageState, AdminError>> {
+        self.act(AdminAction::Hold, id)
+    }
+
+    /// [`AdminAction::Release`], recording nothing.
+    fn release<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<MessageState, AdminError>> {
+        self.act(AdminAction::Release, id)
+    }
+
+    /// [`AdminAction::Delete`], recording nothing.
+    fn delete<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), AdminError>> {
+        Box::pin(async move { self.act(AdminAction::Delete, id).await.map(|_| ()) })
+    }
 }
 
 /// What a state allows, the same rules on every backend; `Ok` is the state
@@ -103,6 +223,11 @@ pub fn decide(
         state,
         action,
     };
+    let live = |node, until| AdminError::LiveLease {
+        id: id.to_owned(),
+        node,
+        until,
+    };
     match (action, state) {
         (AdminAction::Retry, Queued | Deferred) => Ok(state),
         (AdminAction::Retry, _) => Err(refuse()),
@@ -110,16 +235,37 @@ pub fn decide(
         (AdminAction::Hold, _) => Err(refuse()),
         (AdminAction::Release, Held) => Ok(Held),
         (AdminAction::Release, _) => Err(refuse()),
+        (AdminAction::Cancel, Delivered | Failed | Expired) => Err(refuse()),
+        // A running attempt may still deliver: say so rather than claim a
+        // cancel that it could overtake.
+        (AdminAction::Cancel, _) => match lease {
+            Some((node, until)) if state != Cancelled => Err(live(node, until)),
+            _ => Ok(Cancelled),
+        },
         (AdminAction::Delete, Delivering) => match lease {
-            Some((node, until)) => Err(AdminError::LiveLease {
-                id: id.to_owned(),
-                node,
-                until,
-            }),
+            Some((node, until)) => Err(live(node, until)),
             None => Ok(state),
         },
         (AdminAction::Delete, _) => Ok(state),
     }
+}
+
+/// Of `recipients`, those whose latest outcome (`latest`: recipient →
+/// outcome of its last attempt) is not final: none yet, or deferred.
+pub(crate) fn not_final(
+    recipients: &[String],
+    latest: &std::collections::HashMap<String, String>,
+) -> Vec<String> {
+    recipients
+        .iter()
+        .filter(|r| {
+            !matches!(
+                latest.get(*r).map(String::as_str),
+                Some("delivered" | "failed" | "expired" | "cancelled")
+            )
+        })
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]
@@ -149,5 +295,19 @@ mod tests {
         assert!(matches!(live, Err(AdminError::LiveLease { until: 5, .. })));
         // A lease on a held message does not stop its deletion.
         assert!(decide("Q", AdminAction::Delete, Held, Some((None, 5))).is_ok());
+        for s in [Queued, Deferred, Held, Delivering, Cancelled] {
+            assert_eq!(
+                decide("Q", AdminAction::Cancel, s, None).ok(),
+                Some(Cancelled)
+            );
+        }
+        for s in [Delivered, Failed, Expired] {
+            assert!(!ok(AdminAction::Cancel, s), "{s:?}");
+        }
+        // A live lease stops a cancel in any state an attempt runs in.
+        for s in [Delivering, Held] {
+            let r = decide("Q", AdminAction::Cancel, s, Some((None, 5)));
+            assert!(matches!(r, Err(AdminError::LiveLease { .. })), "{s:?}");
+        }
     }
 }

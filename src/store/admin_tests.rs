@@ -7,16 +7,16 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::admin::{AdminAction, AdminError, ListFilter, QueueAdmin};
+use super::admin::{AdminAction, AdminError, Change, Done, ListFilter, QueueAdmin, Record};
 use super::postgres::{PgOptions, PgQueueAdmin, PgStore};
 use super::sqlite::{SqliteQueueAdmin, SqliteStore};
 use super::{
-    Acceptance, AttemptOutcome, AttemptRow, CommitOutcome, DeliveryQueue, MessageState, NewMessage,
-    Store, now_millis,
+    Acceptance, AttemptOutcome, AttemptRow, CommitOutcome, DeliveryQueue, LedgerEntry,
+    MessageState, NewEvent, NewLedgerEntry, NewMessage, Store, WebhookOutbox, now_millis,
 };
 
-trait Seeder: Store + DeliveryQueue {}
-impl<T: Store + DeliveryQueue> Seeder for T {}
+trait Seeder: Store + DeliveryQueue + WebhookOutbox {}
+impl<T: Store + DeliveryQueue + WebhookOutbox> Seeder for T {}
 
 /// A store to seed through and the admin under test, on one database.
 struct Bed {
@@ -349,6 +349,205 @@ async fn unknown_ids_are_not_found(bed: &Bed) {
     ));
 }
 
+/// A change by `actor` within `workspace`, recording nothing.
+fn change(action: AdminAction, id: &str, workspace: Option<&str>) -> Change {
+    Change {
+        action,
+        id: id.into(),
+        workspace: workspace.map(str::to_owned),
+        actor: "api:alice".into(),
+        recorder: None,
+    }
+}
+
+/// A ledger entry under `(w1, key)` whose reply is `reply`.
+fn ledger(key: &str, reply: &[u8]) -> NewLedgerEntry {
+    let now = now_millis();
+    NewLedgerEntry {
+        workspace: "w1".into(),
+        key: key.into(),
+        entry: LedgerEntry {
+            fingerprint: [7; 32],
+            reply: reply.to_vec(),
+            queue_id: None,
+            created_at: now,
+            expires_at: now + 3_600_000,
+        },
+    }
+}
+
+async fn cancel_keeps_delivered_recipients(bed: &Bed) {
+    bed.seed("Q1", "w1").await;
+    bed.defer("Q1").await;
+    let done = bed
+        .admin
+        .apply(change(AdminAction::Cancel, "Q1", Some("w1")))
+        .await
+        .expect("store")
+        .expect("cancel");
+    assert_eq!(
+        (done.before, done.state, done.workspace.as_str()),
+        (MessageState::Deferred, MessageState::Cancelled, "w1")
+    );
+    assert_eq!(done.stopped, ["b@example.net"]);
+    assert!(done.changed());
+    let (m, attempts) = bed.admin.show("Q1").await.expect("show");
+    assert_eq!(m.state, MessageState::Cancelled);
+    let last: Vec<_> = attempts
+        .iter()
+        .map(|a| (a.recipient.as_str(), a.outcome.as_str(), a.reply.as_str()))
+        .collect();
+    assert_eq!(
+        last,
+        [
+            ("a@example.net", "delivered", "250 ok"),
+            ("b@example.net", "deferred", "451 later"),
+            ("b@example.net", "cancelled", "cancelled by api:alice"),
+        ]
+    );
+    // Never claimed again, even when it would be due.
+    assert!(matches!(
+        bed.admin.retry("Q1").await,
+        Err(AdminError::State { .. })
+    ));
+    let now = now_millis();
+    let claimed = bed
+        .store
+        .claim(now + 7_200_000, now + 7_300_000, 10, Vec::new())
+        .await;
+    assert!(claimed.expect("claim").is_empty());
+    // Cancelled again: nothing changes, nothing stopped.
+    let again = bed
+        .admin
+        .apply(change(AdminAction::Cancel, "Q1", None))
+        .await
+        .expect("store")
+        .expect("cancel");
+    assert!(!again.changed() && again.stopped.is_empty());
+    for action in [AdminAction::Hold, AdminAction::Release, AdminAction::Retry] {
+        let r = bed
+            .admin
+            .apply(change(action, "Q1", None))
+            .await
+            .expect("store");
+        assert!(matches!(r, Err(AdminError::State { .. })), "{action:?}");
+    }
+}
+
+async fn cancel_refused_under_a_live_lease_and_sticks_after_one(bed: &Bed) {
+    bed.seed("Q1", "w1").await;
+    bed.claim("Q1").await;
+    let r = bed
+        .admin
+        .apply(change(AdminAction::Cancel, "Q1", None))
+        .await;
+    assert!(matches!(
+        r.expect("store"),
+        Err(AdminError::LiveLease { .. })
+    ));
+    assert_eq!(
+        bed.admin.show("Q1").await.expect("show").0.state,
+        MessageState::Delivering
+    );
+    // A lease that ran out: the cancel goes through, and the late
+    // attempt's record leaves the message cancelled.
+    bed.seed("Q2", "w1").await;
+    let now = now_millis();
+    let claimed = bed.store.claim(now, now + 100, 10, Vec::new()).await;
+    assert!(claimed.expect("claim").iter().any(|m| m.id == "Q2"));
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    bed.admin
+        .apply(change(AdminAction::Cancel, "Q2", None))
+        .await
+        .expect("store")
+        .expect("cancel after the lease ran out");
+    bed.store
+        .record(AttemptOutcome {
+            id: "Q2".into(),
+            at: now_millis(),
+            rows: Vec::new(),
+            state: MessageState::Deferred,
+            next_attempt_at: Some(now_millis()),
+            last_error: Some("451 later".into()),
+            bounce: None,
+            events: Vec::new(),
+        })
+        .await
+        .expect("record");
+    assert_eq!(
+        bed.admin.show("Q2").await.expect("show").0.state,
+        MessageState::Cancelled
+    );
+}
+
+async fn another_workspace_is_not_found_and_the_refusal_is_recorded(bed: &Bed) {
+    bed.seed("Q1", "w1").await;
+    let mut c = change(AdminAction::Hold, "Q1", Some("w2"));
+    c.recorder = Some(Box::new(|outcome: &Result<Done, AdminError>| {
+        assert!(matches!(outcome, Err(AdminError::NotFound(_))));
+        Record {
+            ledger: Some(ledger("k-404", b"404\n{}")),
+            events: Vec::new(),
+        }
+    }));
+    let r = bed.admin.apply(c).await.expect("store");
+    assert!(matches!(r, Err(AdminError::NotFound(_))));
+    assert_eq!(
+        bed.admin.show("Q1").await.expect("show").0.state,
+        MessageState::Queued
+    );
+    let stored = bed.store.lookup("w1", "k-404", now_millis()).await;
+    assert_eq!(stored.expect("lookup").expect("entry").reply, b"404\n{}");
+}
+
+async fn a_change_commits_with_its_record_or_not_at_all(bed: &Bed) {
+    bed.seed("Q1", "w1").await;
+    let mut c = change(AdminAction::Hold, "Q1", Some("w1"));
+    c.recorder = Some(Box::new(|outcome: &Result<Done, AdminError>| {
+        let done = outcome.as_ref().expect("held");
+        Record {
+            ledger: Some(ledger("k-1", b"200\n{}")),
+            events: vec![NewEvent {
+                webhook_id: "msg_held_1".into(),
+                endpoint: "ops".into(),
+                event_type: "message.held".into(),
+                at: done.at,
+                workspace: done.workspace.clone(),
+                queue_id: Some(done.id.clone()),
+                payload: "{}".into(),
+                lease_ms: None,
+            }],
+        }
+    }));
+    bed.admin.apply(c).await.expect("store").expect("hold");
+    let now = now_millis();
+    let events = bed
+        .store
+        .claim_events(now + 1000, now + 60_000, 10, vec!["ops".into()])
+        .await
+        .expect("claim events");
+    assert_eq!(
+        events
+            .iter()
+            .map(|e| e.event_type.as_str())
+            .collect::<Vec<_>>(),
+        ["message.held"]
+    );
+    // The key is taken now: a second change under it is rolled back, its
+    // event never written.
+    let mut c = change(AdminAction::Release, "Q1", Some("w1"));
+    c.recorder = Some(Box::new(|_: &Result<Done, AdminError>| Record {
+        ledger: Some(ledger("k-1", b"200\n{\"other\":1}")),
+        events: Vec::new(),
+    }));
+    let r = bed.admin.apply(c).await.expect("store");
+    assert!(matches!(r, Err(AdminError::KeyTaken)), "{r:?}");
+    assert_eq!(
+        bed.admin.show("Q1").await.expect("show").0.state,
+        MessageState::Held
+    );
+}
+
 /// A `#[tokio::test]` per backend for each body.
 macro_rules! conformance {
     ($($body:ident),* $(,)?) => {
@@ -384,4 +583,8 @@ conformance!(
     delete_removes_message_and_history,
     delete_refused_under_a_live_lease,
     unknown_ids_are_not_found,
+    cancel_keeps_delivered_recipients,
+    cancel_refused_under_a_live_lease_and_sticks_after_one,
+    another_workspace_is_not_found_and_the_refusal_is_recorded,
+    a_change_commits_with_its_record_or_not_at_all,
 );

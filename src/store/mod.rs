@@ -12,7 +12,7 @@ pub mod queue;
 pub mod queue_id;
 pub mod sqlite;
 
-pub use admin::{AdminAction, AdminError, ListFilter, QueueAdmin};
+pub use admin::{AdminAction, AdminError, Change, Done, ListFilter, QueueAdmin, Record, Recorder};
 pub use outbox::{NewEvent, WebhookOutbox};
 pub use queue::{AttemptOutcome, AttemptRow, ClaimedMessage, DeliveryQueue};
 
@@ -131,6 +131,10 @@ pub enum MessageState {
     Failed,
     Expired,
     Held,
+    /// Cancelled before every recipient had a final outcome (`DELETE
+    /// /v1/messages/{id}`, `smtp-once cancel`): never attempted again;
+    /// recipients delivered before stay delivered.
+    Cancelled,
 }
 
 impl MessageState {
@@ -143,6 +147,7 @@ impl MessageState {
             MessageState::Failed => "failed",
             MessageState::Expired => "expired",
             MessageState::Held => "held",
+            MessageState::Cancelled => "cancelled",
         }
     }
 
@@ -155,6 +160,7 @@ impl MessageState {
             "failed" => MessageState::Failed,
             "expired" => MessageState::Expired,
             "held" => MessageState::Held,
+            "cancelled" => MessageState::Cancelled,
             _ => return None,
         })
     }

@@ -109,3 +109,18 @@ pub trait DeliveryQueue: Send + Sync + 'static {
     /// timer.
     fn queued(&self) -> BoxFuture<'static, ()>;
 }
+
+/// The state an attempt's outcome leaves, given the row's state when it is
+/// recorded (the same rule on every backend): an operator's hold during the
+/// attempt sticks unless the attempt finished the message, and a cancel
+/// always sticks (a cancel is refused under a live lease, so this is an
+/// attempt whose lease ran out).
+pub(crate) fn after_attempt(outcome: MessageState, current: &str) -> MessageState {
+    if current == MessageState::Cancelled.as_str() {
+        MessageState::Cancelled
+    } else if outcome == MessageState::Deferred && current == MessageState::Held.as_str() {
+        MessageState::Held
+    } else {
+        outcome
+    }
+}

@@ -53,6 +53,21 @@ pub struct Attempted<'a> {
     pub at: UnixMillis,
 }
 
+/// An operator's action on a message (through the API or the CLI).
+pub struct Acted<'a> {
+    pub queue_id: &'a str,
+    pub workspace: &'a str,
+    pub idempotency_key: Option<&'a str>,
+    pub event: EventType,
+    /// The state it left.
+    pub state: &'a str,
+    /// Who acted: `api:<account>` or `cli`.
+    pub actor: &'a str,
+    /// The recipients a cancel stopped.
+    pub stopped: &'a [String],
+    pub at: UnixMillis,
+}
+
 /// A new event id: the `webhook-id` every delivery of the event carries.
 /// UUID v7 (milliseconds first, then random): ids written one after the
 /// other land side by side in the outbox's `(webhook_id, endpoint)` index,
@@ -158,6 +173,38 @@ impl Router {
             &mut out,
         );
         out
+    }
+
+    /// An operator action's events. Written `pending` for a claim, never
+    /// handed over in memory: the change is committed by the operator's
+    /// own connection (any node, or the CLI), where no sender waits.
+    pub fn acted(&self, a: &Acted<'_>) -> Vec<NewEvent> {
+        let mut out = Routed::default();
+        let pending = Router {
+            endpoints: self.endpoints.clone(),
+            handoff: None,
+        };
+        pending.route(
+            a.event,
+            a.workspace,
+            a.queue_id,
+            a.at,
+            || {
+                let mut data = json!({
+                    "queue_id": a.queue_id,
+                    "workspace": a.workspace,
+                    "idempotency_key": a.idempotency_key,
+                    "state": a.state,
+                    "actor": a.actor,
+                });
+                if a.event == EventType::Cancelled {
+                    data["recipients"] = json!(a.stopped);
+                }
+                data
+            },
+            &mut out,
+        );
+        out.events
     }
 
     /// The events of one attempt, one per recipient row.
@@ -266,6 +313,36 @@ mod tests {
         assert_eq!(v["data"]["reply"], "250 2.0.0 ok");
         assert_eq!(v["data"]["attempt"], 2);
         assert_eq!(events[0].at, 1_796_069_194_007);
+    }
+
+    #[test]
+    fn an_operator_action_is_a_pending_event_naming_its_actor() {
+        let router = Router::new(&[
+            endpoint("ops", Some(vec![EventType::Cancelled]), None),
+            endpoint("bounces", Some(vec![EventType::Bounced]), None),
+        ]);
+        let stopped = vec!["b@x".to_owned()];
+        let acted = |event| Acted {
+            queue_id: "Q1",
+            workspace: "ws",
+            idempotency_key: Some("k1"),
+            event,
+            state: "cancelled",
+            actor: "api:alice",
+            stopped: &stopped,
+            at: 1_796_069_194_007,
+        };
+        let events = router.acted(&acted(EventType::Cancelled));
+        assert_eq!(events.len(), 1);
+        assert_eq!(
+            (events[0].endpoint.as_str(), events[0].lease_ms),
+            ("ops", None)
+        );
+        let v: serde_json::Value = serde_json::from_str(&events[0].payload).expect("json");
+        assert_eq!(v["type"], "message.cancelled");
+        assert_eq!(v["data"]["actor"], "api:alice");
+        assert_eq!(v["data"]["recipients"], json!(["b@x"]));
+        assert!(router.acted(&acted(EventType::Held)).is_empty());
     }
 
     #[test]

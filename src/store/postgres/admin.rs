@@ -4,25 +4,38 @@
 //! progress), decides on the database's clock (`smtp_once_now()`, as
 //! leases do), and NOTIFYs the workers when it made a message due.
 
-use tokio::sync::Mutex;
+use std::path::PathBuf;
+
+use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 use tokio_postgres::Transaction;
 
+use super::outbox::{EventColumns, INSERT_EVENTS};
 use super::status::{COLUMNS, attempt_of, status_of};
 use super::{QUEUED_CHANNEL, classify, connect_one};
-use crate::store::admin::{AdminAction, AdminError, ListFilter, QueueAdmin, decide};
+use crate::store::admin::{
+    AdminAction, AdminError, Change, Done, ListFilter, QueueAdmin, Record, decide, not_final,
+};
 use crate::store::{BoxFuture, MessageDetail, MessageState, MessageStatus, StoreError};
 
 pub struct PgQueueAdmin {
-    /// Behind a lock: a transaction needs the client to itself.
-    client: Mutex<tokio_postgres::Client>,
+    url: String,
+    ca_file: Option<PathBuf>,
+    /// Behind a lock: a transaction needs the client to itself. Connected
+    /// again when the connection was lost (the API's admin lives as long
+    /// as the daemon).
+    client: Mutex<Option<tokio_postgres::Client>>,
 }
 
-/// The locked row, as the decision needs it.
+/// The locked row, as the decision and the record need it.
 struct Current {
     state: MessageState,
     attempts: i32,
     /// `(leased_by, lease_until)` while the lease is live.
     live_lease: Option<(Option<String>, i64)>,
+    workspace: String,
+    idempotency_key: Option<String>,
+    recipients: Vec<String>,
+    now: i64,
 }
 
 fn db(e: tokio_postgres::Error) -> AdminError {
@@ -34,22 +47,44 @@ impl PgQueueAdmin {
     pub async fn connect(url: &str, ca_file: Option<&std::path::Path>) -> Result<Self, StoreError> {
         let client = connect_one(url, ca_file, "queue admin").await?;
         Ok(Self {
-            client: Mutex::new(client),
+            url: url.to_owned(),
+            ca_file: ca_file.map(PathBuf::from),
+            client: Mutex::new(Some(client)),
         })
+    }
+
+    /// The client, connected again if its connection was lost.
+    async fn client(&self) -> Result<MappedMutexGuard<'_, tokio_postgres::Client>, StoreError> {
+        let mut guard = self.client.lock().await;
+        if guard.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
+            *guard = None;
+            *guard = Some(connect_one(&self.url, self.ca_file.as_deref(), "queue admin").await?);
+        }
+        MutexGuard::try_map(guard, Option::as_mut)
+            .map_err(|_| StoreError::Unavailable("queue admin not connected".into()))
     }
 }
 
-/// The message's row, locked until the transaction ends.
-async fn locked(tx: &Transaction<'_>, id: &str) -> Result<Current, AdminError> {
+/// The message's row, locked until the transaction ends; another
+/// workspace's is not found.
+async fn locked(tx: &Transaction<'_>, change: &Change) -> Result<Current, AdminError> {
+    let id = change.id.as_str();
     let row = tx
         .query_opt(
             "SELECT state, attempts, leased_by, lease_until,
-                    COALESCE(lease_until > smtp_once_now(), false)
+                    COALESCE(lease_until > smtp_once_now(), false),
+                    workspace, idempotency_key, recipients, smtp_once_now()
              FROM queue WHERE id = $1 FOR UPDATE",
             &[&id],
         )
         .await
         .map_err(db)?
+        .filter(|r| {
+            change
+                .workspace
+                .as_ref()
+                .is_none_or(|w| *w == r.get::<_, String>(5))
+        })
         .ok_or_else(|| AdminError::NotFound(id.to_owned()))?;
     let state: String = row.get(0);
     let state = MessageState::parse(&state).ok_or_else(|| AdminError::UnknownState {
@@ -58,21 +93,199 @@ async fn locked(tx: &Transaction<'_>, id: &str) -> Result<Current, AdminError> {
     })?;
     let live: bool = row.get(4);
     let until: Option<i64> = row.get(3);
+    let recipients: String = row.get(7);
     Ok(Current {
         state,
         attempts: row.get(1),
         live_lease: until.filter(|_| live).map(|u| (row.get(2), u)),
+        workspace: row.get(5),
+        idempotency_key: row.get(6),
+        recipients: recipients.lines().map(str::to_owned).collect(),
+        now: row.get(8),
     })
 }
 
-/// Commits; when the change made a message due, the workers are woken
-/// (NOTIFY is delivered on COMMIT).
-async fn commit(tx: Transaction<'_>, made_due: bool) -> Result<(), tokio_postgres::Error> {
+/// The change on the locked row; `Ok(made_due)` with what it did.
+async fn act_on(tx: &Transaction<'_>, change: &Change) -> Result<(Done, bool), AdminError> {
+    let id = change.id.as_str();
+    let current = locked(tx, change).await?;
+    let mut stopped = Vec::new();
+    let (state, made_due) = match change.action {
+        AdminAction::Retry => {
+            let state = decide(id, AdminAction::Retry, current.state, None)?;
+            tx.execute(
+                "UPDATE queue SET next_attempt_at = smtp_once_now(),
+                    updated_at = smtp_once_now() WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .map_err(db)?;
+            (state, true)
+        }
+        AdminAction::Hold => {
+            let state = decide(id, AdminAction::Hold, current.state, None)?;
+            if current.state != MessageState::Held {
+                // The lease stays with its node: its running attempt
+                // records into the held row, which stays held.
+                tx.execute(
+                    "UPDATE queue SET state = 'held', updated_at = smtp_once_now() WHERE id = $1",
+                    &[&id],
+                )
+                .await
+                .map_err(db)?;
+            }
+            (state, false)
+        }
+        AdminAction::Release => {
+            decide(id, AdminAction::Release, current.state, None)?;
+            let back = if current.attempts > 0 {
+                MessageState::Deferred
+            } else {
+                MessageState::Queued
+            };
+            // Due no earlier than the end of a lease still running
+            // (GREATEST skips a NULL lease).
+            tx.execute(
+                "UPDATE queue SET state = $2,
+                    next_attempt_at = GREATEST(lease_until, smtp_once_now()),
+                    updated_at = smtp_once_now()
+                 WHERE id = $1",
+                &[&id, &back.as_str()],
+            )
+            .await
+            .map_err(db)?;
+            (back, true)
+        }
+        AdminAction::Cancel => {
+            let state = decide(
+                id,
+                AdminAction::Cancel,
+                current.state,
+                current.live_lease.clone(),
+            )?;
+            if current.state != MessageState::Cancelled {
+                let latest = tx
+                    .query(
+                        "SELECT recipient, outcome FROM delivery_attempt
+                         WHERE queue_id = $1 ORDER BY id",
+                        &[&id],
+                    )
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(|r| (r.get(0), r.get(1)))
+                    .collect();
+                stopped = not_final(&current.recipients, &latest);
+                let reply = format!("cancelled by {}", change.actor);
+                tx.execute(
+                    "INSERT INTO delivery_attempt (queue_id, recipient, at, outcome, reply)
+                     SELECT $1, r, smtp_once_now(), 'cancelled', $3 FROM unnest($2::text[]) AS r",
+                    &[&id, &stopped, &reply],
+                )
+                .await
+                .map_err(db)?;
+                tx.execute(
+                    "UPDATE queue SET state = 'cancelled', lease_until = NULL, leased_by = NULL,
+                        updated_at = smtp_once_now() WHERE id = $1",
+                    &[&id],
+                )
+                .await
+                .map_err(db)?;
+            }
+            (state, false)
+        }
+        AdminAction::Delete => {
+            let state = decide(
+                id,
+                AdminAction::Delete,
+                current.state,
+                current.live_lease.clone(),
+            )?;
+            // Body and attempts go with the row (ON DELETE CASCADE).
+            tx.execute("DELETE FROM queue WHERE id = $1", &[&id])
+                .await
+                .map_err(db)?;
+            (state, false)
+        }
+    };
+    let done = Done {
+        id: id.to_owned(),
+        workspace: current.workspace,
+        idempotency_key: current.idempotency_key,
+        action: change.action,
+        before: current.state,
+        state,
+        stopped,
+        at: current.now,
+    };
+    Ok((done, made_due))
+}
+
+/// `false` when the ledger entry's key was taken meanwhile (by another
+/// node's commit, which this insert waited for).
+async fn write_record(
+    tx: &Transaction<'_>,
+    record: &Record,
+) -> Result<bool, tokio_postgres::Error> {
+    if let Some(l) = &record.ledger {
+        // As an acceptance's ledger insert (`apply_acceptance`): replace
+        // an entry only once it has expired.
+        let ttl = l.entry.expires_at - l.entry.created_at;
+        let written = tx
+            .execute(
+                "INSERT INTO ledger (workspace, key, fingerprint, reply, queue_id, created_at, expires_at)
+                 VALUES ($1, $2, $3, $4, $5, smtp_once_now(), smtp_once_now() + $6)
+                 ON CONFLICT (workspace, key) DO UPDATE SET
+                   fingerprint = excluded.fingerprint, reply = excluded.reply,
+                   queue_id = excluded.queue_id, created_at = excluded.created_at,
+                   expires_at = excluded.expires_at
+                 WHERE ledger.expires_at <= excluded.created_at",
+                &[
+                    &l.workspace,
+                    &l.key,
+                    &&l.entry.fingerprint[..],
+                    &l.entry.reply,
+                    &l.entry.queue_id,
+                    &ttl,
+                ],
+            )
+            .await?;
+        if written == 0 {
+            return Ok(false);
+        }
+    }
+    if !record.events.is_empty() {
+        let columns = EventColumns::of(&record.events);
+        let node = String::new();
+        tx.execute(INSERT_EVENTS, &columns.params(&node)).await?;
+    }
+    Ok(true)
+}
+
+/// The change and its record in one transaction (see `SqliteQueueAdmin`).
+async fn apply_on(
+    client: &mut tokio_postgres::Client,
+    change: Change,
+) -> Result<Result<Done, AdminError>, StoreError> {
+    let tx = client.transaction().await.map_err(|e| classify(&e))?;
+    let (outcome, made_due) = match act_on(&tx, &change).await {
+        Ok((done, made_due)) => (Ok(done), made_due),
+        Err(AdminError::Store(e)) => return Err(e),
+        Err(refused) => (Err(refused), false),
+    };
+    let record = change.recorder.map(|r| r(&outcome)).unwrap_or_default();
+    // Dropping the transaction rolls the change back.
+    if !write_record(&tx, &record).await.map_err(|e| classify(&e))? {
+        return Ok(Err(AdminError::KeyTaken));
+    }
+    // NOTIFY is delivered on COMMIT: the workers wake for a message due.
     if made_due {
         tx.batch_execute(&format!("NOTIFY {QUEUED_CHANNEL}"))
-            .await?;
+            .await
+            .map_err(|e| classify(&e))?;
     }
-    tx.commit().await
+    tx.commit().await.map_err(|e| classify(&e))?;
+    Ok(outcome)
 }
 
 impl QueueAdmin for PgQueueAdmin {
@@ -81,7 +294,7 @@ impl QueueAdmin for PgQueueAdmin {
             let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
             let state = filter.state.map(MessageState::as_str);
             let after = filter.after.unwrap_or_default();
-            let client = self.client.lock().await;
+            let client = self.client().await?;
             let rows = client
                 .query(
                     &format!(
@@ -110,7 +323,7 @@ impl QueueAdmin for PgQueueAdmin {
 
     fn show<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<MessageDetail, AdminError>> {
         Box::pin(async move {
-            let mut client = self.client.lock().await;
+            let mut client = self.client().await?;
             // One snapshot: the row and its attempts agree.
             let tx = client
                 .build_transaction()
@@ -143,27 +356,9 @@ impl QueueAdmin for PgQueueAdmin {
         })
     }
 
-    fn retry<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<MessageState, AdminError>> {
-        Box::pin(async move {
-            let mut client = self.client.lock().await;
-            let tx = client.transaction().await.map_err(db)?;
-            let current = locked(&tx, id).await?;
-            let state = decide(id, AdminAction::Retry, current.state, None)?;
-            tx.execute(
-                "UPDATE queue SET next_attempt_at = smtp_once_now(),
-                    updated_at = smtp_once_now() WHERE id = $1",
-                &[&id],
-            )
-            .await
-            .map_err(db)?;
-            commit(tx, true).await.map_err(db)?;
-            Ok(state)
-        })
-    }
-
     fn retry_all(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
         Box::pin(async move {
-            let mut client = self.client.lock().await;
+            let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(|e| classify(&e))?;
             let n = tx
                 .execute(
@@ -183,66 +378,10 @@ impl QueueAdmin for PgQueueAdmin {
         })
     }
 
-    fn hold<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<MessageState, AdminError>> {
+    fn apply(&self, change: Change) -> BoxFuture<'_, Result<Result<Done, AdminError>, StoreError>> {
         Box::pin(async move {
-            let mut client = self.client.lock().await;
-            let tx = client.transaction().await.map_err(db)?;
-            let current = locked(&tx, id).await?;
-            let state = decide(id, AdminAction::Hold, current.state, None)?;
-            if current.state != MessageState::Held {
-                // The lease stays with its node: its running attempt
-                // records into the held row, which stays held.
-                tx.execute(
-                    "UPDATE queue SET state = 'held', updated_at = smtp_once_now() WHERE id = $1",
-                    &[&id],
-                )
-                .await
-                .map_err(db)?;
-            }
-            commit(tx, false).await.map_err(db)?;
-            Ok(state)
-        })
-    }
-
-    fn release<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<MessageState, AdminError>> {
-        Box::pin(async move {
-            let mut client = self.client.lock().await;
-            let tx = client.transaction().await.map_err(db)?;
-            let current = locked(&tx, id).await?;
-            decide(id, AdminAction::Release, current.state, None)?;
-            let back = if current.attempts > 0 {
-                MessageState::Deferred
-            } else {
-                MessageState::Queued
-            };
-            // Due no earlier than the end of a lease still running
-            // (GREATEST skips a NULL lease).
-            tx.execute(
-                "UPDATE queue SET state = $2,
-                    next_attempt_at = GREATEST(lease_until, smtp_once_now()),
-                    updated_at = smtp_once_now()
-                 WHERE id = $1",
-                &[&id, &back.as_str()],
-            )
-            .await
-            .map_err(db)?;
-            commit(tx, true).await.map_err(db)?;
-            Ok(back)
-        })
-    }
-
-    fn delete<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), AdminError>> {
-        Box::pin(async move {
-            let mut client = self.client.lock().await;
-            let tx = client.transaction().await.map_err(db)?;
-            let current = locked(&tx, id).await?;
-            decide(id, AdminAction::Delete, current.state, current.live_lease)?;
-            // Body and attempts go with the row (ON DELETE CASCADE).
-            tx.execute("DELETE FROM queue WHERE id = $1", &[&id])
-                .await
-                .map_err(db)?;
-            commit(tx, false).await.map_err(db)?;
-            Ok(())
+            let mut client = self.client().await?;
+            apply_on(&mut client, change).await
         })
     }
 }

@@ -25,9 +25,70 @@ fn open_endpoints(n: u8) -> String {
     )
 }
 
-/// Writes `events` in one statement: pending and due at once, or (with a
-/// `lease_ms`) already leased to `node`, whose sender gets them in memory.
-/// An event already written (same id and endpoint) is left as it is.
+/// Writes `events` as columns ($1..$8, see [`EventColumns`]) in one
+/// statement: pending and due at once, or (with a `lease_ms`) already
+/// leased to `$9` (a node), whose sender gets them in memory. An event
+/// already written (same id and endpoint) is left as it is.
+pub(super) const INSERT_EVENTS: &str =
+    "INSERT INTO webhook_outbox (webhook_id, endpoint, event_type, event_at, workspace,
+                                 queue_id, payload, state, attempts, next_attempt_at,
+                                 lease_until, leased_by, created_at, updated_at)
+     SELECT e.id, e.endpoint, e.type, e.at, e.workspace, e.queue_id, e.payload,
+            CASE WHEN e.lease IS NULL THEN 'pending' ELSE 'sending' END, 0, t,
+            t + e.lease, CASE WHEN e.lease IS NOT NULL THEN $9 END, t, t
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[],
+                 $6::text[], $7::text[], $8::bigint[])
+            AS e(id, endpoint, type, at, workspace, queue_id, payload, lease),
+          smtp_once_now() AS t
+     ON CONFLICT (webhook_id, endpoint) DO NOTHING";
+
+/// Events as the arrays of [`INSERT_EVENTS`].
+pub(super) struct EventColumns {
+    ids: Vec<String>,
+    endpoints: Vec<String>,
+    types: Vec<String>,
+    at: Vec<i64>,
+    workspaces: Vec<String>,
+    queue_ids: Vec<Option<String>>,
+    payloads: Vec<String>,
+    leases: Vec<Option<i64>>,
+}
+
+impl EventColumns {
+    pub(super) fn of(events: &[NewEvent]) -> Self {
+        let column = |f: fn(&NewEvent) -> String| events.iter().map(f).collect::<Vec<_>>();
+        Self {
+            ids: column(|e| e.webhook_id.clone()),
+            endpoints: column(|e| e.endpoint.clone()),
+            types: column(|e| e.event_type.clone()),
+            at: events.iter().map(|e| e.at).collect(),
+            workspaces: column(|e| e.workspace.clone()),
+            queue_ids: events.iter().map(|e| e.queue_id.clone()).collect(),
+            payloads: column(|e| e.payload.clone()),
+            leases: events.iter().map(|e| e.lease_ms).collect(),
+        }
+    }
+
+    /// `$1..$9`, with `node` as the holder of leased events.
+    pub(super) fn params<'a>(
+        &'a self,
+        node: &'a String,
+    ) -> [&'a (dyn tokio_postgres::types::ToSql + Sync); 9] {
+        [
+            &self.ids,
+            &self.endpoints,
+            &self.types,
+            &self.at,
+            &self.workspaces,
+            &self.queue_ids,
+            &self.payloads,
+            &self.leases,
+            node,
+        ]
+    }
+}
+
+/// Writes `events` ([`INSERT_EVENTS`]).
 pub(super) async fn insert_events(
     c: &ClientWrapper,
     events: &[NewEvent],
@@ -36,45 +97,10 @@ pub(super) async fn insert_events(
     if events.is_empty() {
         return Ok(());
     }
-    let column = |f: fn(&NewEvent) -> String| events.iter().map(f).collect::<Vec<_>>();
-    let ids = column(|e| e.webhook_id.clone());
-    let endpoints = column(|e| e.endpoint.clone());
-    let types = column(|e| e.event_type.clone());
-    let workspaces = column(|e| e.workspace.clone());
-    let payloads = column(|e| e.payload.clone());
-    let at: Vec<i64> = events.iter().map(|e| e.at).collect();
-    let queue_ids: Vec<Option<String>> = events.iter().map(|e| e.queue_id.clone()).collect();
-    let leases: Vec<Option<i64>> = events.iter().map(|e| e.lease_ms).collect();
-    let stmt = c
-        .prepare_cached(
-            "INSERT INTO webhook_outbox (webhook_id, endpoint, event_type, event_at, workspace,
-                                         queue_id, payload, state, attempts, next_attempt_at,
-                                         lease_until, leased_by, created_at, updated_at)
-             SELECT e.id, e.endpoint, e.type, e.at, e.workspace, e.queue_id, e.payload,
-                    CASE WHEN e.lease IS NULL THEN 'pending' ELSE 'sending' END, 0, t,
-                    t + e.lease, CASE WHEN e.lease IS NOT NULL THEN $9 END, t, t
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[],
-                         $6::text[], $7::text[], $8::bigint[])
-                    AS e(id, endpoint, type, at, workspace, queue_id, payload, lease),
-                  smtp_once_now() AS t
-             ON CONFLICT (webhook_id, endpoint) DO NOTHING",
-        )
-        .await?;
-    c.execute(
-        &stmt,
-        &[
-            &ids,
-            &endpoints,
-            &types,
-            &at,
-            &workspaces,
-            &queue_ids,
-            &payloads,
-            &leases,
-            &node,
-        ],
-    )
-    .await?;
+    let columns = EventColumns::of(events);
+    let node = node.to_owned();
+    let stmt = c.prepare_cached(INSERT_EVENTS).await?;
+    c.execute(&stmt, &columns.params(&node)).await?;
     Ok(())
 }
 

@@ -119,12 +119,7 @@ impl DeliveryQueue for PgStore {
                     )
                     .await?;
                 }
-                let state =
-                    if o.state == MessageState::Deferred && current == MessageState::Held.as_str() {
-                        MessageState::Held
-                    } else {
-                        o.state
-                    };
+                let state = crate::store::queue::after_attempt(o.state, &current);
                 // The node's next-attempt time, as a wait from its clock,
                 // becomes a time on the database's.
                 let wait = o.next_attempt_at.map(|t| t - o.at);
@@ -241,7 +236,7 @@ impl DeliveryQueue for PgStore {
                 let n = c
                     .execute(
                         "DELETE FROM queue WHERE id IN (SELECT id FROM queue
-                           WHERE state IN ('delivered', 'failed', 'expired')
+                           WHERE state IN ('delivered', 'failed', 'expired', 'cancelled')
                              AND updated_at <= smtp_once_now() - $1 LIMIT $2)",
                         &[&age, &limit],
                     )

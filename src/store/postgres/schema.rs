@@ -90,6 +90,10 @@ const MIGRATIONS: &[&str] = &[
         disabled_at BIGINT,
         disabled_reason TEXT
      );",
+    // 3: cancelled messages are finished too: purged after keep_finished.
+    "DROP INDEX queue_finished;
+     CREATE INDEX queue_finished ON queue (updated_at)
+        WHERE state IN ('delivered', 'failed', 'expired', 'cancelled');",
 ];
 
 /// Serialises migrations across nodes (session advisory lock).

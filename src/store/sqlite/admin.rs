@@ -1,16 +1,21 @@
 //! `QueueAdmin` on SQLite: the operators' own connection to the file, used
 //! while the daemon runs (WAL; each mutation one `IMMEDIATE` transaction,
-//! so it waits for the writer's batch instead of racing it).
+//! so it waits for the writer's batch instead of racing it). Every call runs
+//! on the blocking pool: a busy wait must not stall an async worker of the
+//! daemon (the API's routes use it).
 
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params};
 
 use super::inspect::{COLUMNS, attempts_on, status_from_row};
+use super::writer::{insert_events, insert_ledger};
 use super::{DB_FILE, classify};
-use crate::store::admin::{AdminAction, AdminError, ListFilter, QueueAdmin, decide};
+use crate::store::admin::{
+    AdminAction, AdminError, Change, Done, ListFilter, QueueAdmin, Record, decide,
+};
 use crate::store::{
     BoxFuture, MessageDetail, MessageState, MessageStatus, StoreError, UnixMillis, now_millis,
 };
@@ -18,14 +23,17 @@ use crate::store::{
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct SqliteQueueAdmin {
-    conn: Mutex<Connection>,
+    conn: Arc<Mutex<Connection>>,
 }
 
-/// A message's state and lease end, as the row holds them.
+/// The message's row, as the decision and the record need it.
 struct Current {
     state: MessageState,
     lease_until: Option<UnixMillis>,
     attempts: i64,
+    workspace: String,
+    idempotency_key: Option<String>,
+    recipients: Vec<String>,
 }
 
 impl SqliteQueueAdmin {
@@ -65,182 +73,285 @@ impl SqliteQueueAdmin {
             ));
         }
         Ok(Self {
-            conn: Mutex::new(conn),
+            conn: Arc::new(Mutex::new(conn)),
         })
     }
 
-    fn conn(&self) -> MutexGuard<'_, Connection> {
-        // A panic while holding the lock cannot leave a transaction open
-        // (rusqlite rolls back on drop), so a poisoned lock is still usable.
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Runs `f` on the message's current row inside a write transaction;
-    /// commits only when `f` succeeds.
-    fn change<T>(
+    /// Runs `f` on the connection on the blocking pool.
+    async fn blocking<T: Send + 'static>(
         &self,
-        id: &str,
-        f: impl FnOnce(&Transaction<'_>, Current, UnixMillis) -> Result<T, AdminError>,
-    ) -> Result<T, AdminError> {
-        let mut conn = self.conn();
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(classify)?;
-        let row: Option<(String, Option<UnixMillis>, i64)> = tx
-            .query_row(
-                "SELECT state, lease_until, attempts FROM queue WHERE id = ?1",
-                [id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
-            .optional()
-            .map_err(classify)?;
-        let (state, lease_until, attempts) =
-            row.ok_or_else(|| AdminError::NotFound(id.to_owned()))?;
-        let state = MessageState::parse(&state).ok_or_else(|| AdminError::UnknownState {
-            id: id.to_owned(),
-            state,
-        })?;
-        let current = Current {
-            state,
-            lease_until,
-            attempts,
-        };
-        let value = f(&tx, current, now_millis())?;
-        tx.commit().map_err(classify)?;
-        Ok(value)
+        f: impl FnOnce(&mut Connection) -> T + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || f(&mut lock(&conn)))
+            .await
+            .map_err(|e| StoreError::Transient(format!("queue admin task failed: {e}")))
     }
+}
+
+fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    // A panic while holding the lock cannot leave a transaction open
+    // (rusqlite rolls back on drop), so a poisoned lock is still usable.
+    conn.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn db(e: rusqlite::Error) -> AdminError {
     AdminError::Store(classify(e))
 }
 
+/// The change and its record in one transaction; a refusal is written with
+/// its record too (its ledger entry), a store failure writes nothing.
+fn apply_on(conn: &mut Connection, change: Change) -> Result<Result<Done, AdminError>, StoreError> {
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(classify)?;
+    let outcome = act_on(&tx, &change, now_millis());
+    if let Err(AdminError::Store(e)) = outcome {
+        return Err(e);
+    }
+    let record = change.recorder.map(|r| r(&outcome)).unwrap_or_default();
+    match write_record(&tx, &record) {
+        Ok(true) => {}
+        // Dropping the transaction rolls the change back.
+        Ok(false) => return Ok(Err(AdminError::KeyTaken)),
+        Err(e) => return Err(classify(e)),
+    }
+    tx.commit().map_err(classify)?;
+    Ok(outcome)
+}
+
+/// `false` when the ledger entry's key was taken meanwhile.
+fn write_record(tx: &Transaction<'_>, record: &Record) -> rusqlite::Result<bool> {
+    if let Some(l) = &record.ledger
+        && !insert_ledger(tx, l)?
+    {
+        return Ok(false);
+    }
+    insert_events(tx, &record.events)?;
+    Ok(true)
+}
+
+fn current(tx: &Transaction<'_>, change: &Change) -> Result<Current, AdminError> {
+    let id = change.id.as_str();
+    let row: Option<(
+        String,
+        Option<UnixMillis>,
+        i64,
+        String,
+        Option<String>,
+        String,
+    )> = tx
+        .query_row(
+            "SELECT state, lease_until, attempts, workspace, idempotency_key, recipients
+             FROM queue WHERE id = ?1",
+            [id],
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(db)?;
+    let (state, lease_until, attempts, workspace, idempotency_key, recipients) = row
+        .filter(|r| change.workspace.as_ref().is_none_or(|w| *w == r.3))
+        .ok_or_else(|| AdminError::NotFound(id.to_owned()))?;
+    let state = MessageState::parse(&state).ok_or_else(|| AdminError::UnknownState {
+        id: id.to_owned(),
+        state,
+    })?;
+    Ok(Current {
+        state,
+        lease_until,
+        attempts,
+        workspace,
+        idempotency_key,
+        recipients: recipients.lines().map(str::to_owned).collect(),
+    })
+}
+
+fn act_on(tx: &Transaction<'_>, change: &Change, now: UnixMillis) -> Result<Done, AdminError> {
+    let id = change.id.as_str();
+    let current = current(tx, change)?;
+    // One node: a lease is this host's worker's.
+    let live = current.lease_until.filter(|l| *l > now).map(|l| (None, l));
+    let mut stopped = Vec::new();
+    let state = match change.action {
+        AdminAction::Retry => {
+            let state = decide(id, AdminAction::Retry, current.state, None)?;
+            tx.execute(
+                "UPDATE queue SET next_attempt_at = ?2, updated_at = ?2 WHERE id = ?1",
+                params![id, now],
+            )
+            .map_err(db)?;
+            state
+        }
+        AdminAction::Hold => {
+            let state = decide(id, AdminAction::Hold, current.state, None)?;
+            if current.state != MessageState::Held {
+                // The lease stays: a running attempt still owns it.
+                tx.execute(
+                    "UPDATE queue SET state = 'held', updated_at = ?2 WHERE id = ?1",
+                    params![id, now],
+                )
+                .map_err(db)?;
+            }
+            state
+        }
+        AdminAction::Release => {
+            decide(id, AdminAction::Release, current.state, None)?;
+            let back = if current.attempts > 0 {
+                MessageState::Deferred
+            } else {
+                MessageState::Queued
+            };
+            let due = current.lease_until.map_or(now, |l| l.max(now));
+            tx.execute(
+                "UPDATE queue SET state = ?2, next_attempt_at = ?3, updated_at = ?4
+                 WHERE id = ?1",
+                params![id, back.as_str(), due, now],
+            )
+            .map_err(db)?;
+            back
+        }
+        AdminAction::Cancel => {
+            let state = decide(id, AdminAction::Cancel, current.state, live)?;
+            if current.state != MessageState::Cancelled {
+                stopped = without_final_outcome(tx, id, &current.recipients).map_err(db)?;
+                let reply = format!("cancelled by {}", change.actor);
+                for recipient in &stopped {
+                    tx.execute(
+                        "INSERT INTO delivery_attempt (queue_id, recipient, at, outcome, reply)
+                         VALUES (?1, ?2, ?3, 'cancelled', ?4)",
+                        params![id, recipient, now, reply],
+                    )
+                    .map_err(db)?;
+                }
+                tx.execute(
+                    "UPDATE queue SET state = 'cancelled', lease_until = NULL, updated_at = ?2
+                     WHERE id = ?1",
+                    params![id, now],
+                )
+                .map_err(db)?;
+            }
+            state
+        }
+        AdminAction::Delete => {
+            let state = decide(id, AdminAction::Delete, current.state, live)?;
+            for sql in [
+                "DELETE FROM delivery_attempt WHERE queue_id = ?1",
+                "DELETE FROM message_body WHERE queue_id = ?1",
+                "DELETE FROM queue WHERE id = ?1",
+            ] {
+                tx.execute(sql, [id]).map_err(db)?;
+            }
+            state
+        }
+    };
+    Ok(Done {
+        id: id.to_owned(),
+        workspace: current.workspace,
+        idempotency_key: current.idempotency_key,
+        action: change.action,
+        before: current.state,
+        state,
+        stopped,
+        at: now,
+    })
+}
+
+/// The recipients whose latest outcome is not final (none yet, or
+/// deferred), in envelope order.
+fn without_final_outcome(
+    tx: &Transaction<'_>,
+    id: &str,
+    recipients: &[String],
+) -> rusqlite::Result<Vec<String>> {
+    let mut latest = std::collections::HashMap::new();
+    let mut stmt = tx.prepare_cached(
+        "SELECT recipient, outcome FROM delivery_attempt WHERE queue_id = ?1 ORDER BY id",
+    )?;
+    for row in stmt.query_map([id], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+    })? {
+        let (recipient, outcome) = row?;
+        latest.insert(recipient, outcome);
+    }
+    Ok(crate::store::admin::not_final(recipients, &latest))
+}
+
 impl QueueAdmin for SqliteQueueAdmin {
     fn list(&self, filter: ListFilter) -> BoxFuture<'_, Result<Vec<MessageStatus>, StoreError>> {
         Box::pin(async move {
             let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
-            let conn = self.conn();
-            conn.prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM queue
-                 WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR workspace = ?2)
-                   AND (?3 IS NULL OR created_at >= ?3) AND (?4 IS NULL OR created_at < ?4)
-                   AND id > ?5
-                 ORDER BY id LIMIT ?6"
-            ))
-            .and_then(|mut stmt| {
-                stmt.query_map(
-                    params![
-                        filter.state.map(MessageState::as_str),
-                        filter.workspace,
-                        filter.created_from,
-                        filter.created_before,
-                        filter.after.unwrap_or_default(),
-                        limit
-                    ],
-                    status_from_row,
-                )?
-                .collect()
+            self.blocking(move |conn| {
+                conn.prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM queue
+                     WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR workspace = ?2)
+                       AND (?3 IS NULL OR created_at >= ?3) AND (?4 IS NULL OR created_at < ?4)
+                       AND id > ?5
+                     ORDER BY id LIMIT ?6"
+                ))
+                .and_then(|mut stmt| {
+                    stmt.query_map(
+                        params![
+                            filter.state.map(MessageState::as_str),
+                            filter.workspace,
+                            filter.created_from,
+                            filter.created_before,
+                            filter.after.unwrap_or_default(),
+                            limit
+                        ],
+                        status_from_row,
+                    )?
+                    .collect()
+                })
+                .map_err(classify)
             })
-            .map_err(classify)
+            .await?
         })
     }
 
     fn show<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<MessageDetail, AdminError>> {
+        let id = id.to_owned();
         Box::pin(async move {
-            let conn = self.conn();
-            let status = conn
-                .query_row(
-                    &format!("SELECT {COLUMNS} FROM queue WHERE id = ?1"),
-                    [id],
-                    status_from_row,
-                )
-                .optional()
-                .map_err(db)?
-                .ok_or_else(|| AdminError::NotFound(id.to_owned()))?;
-            let attempts = attempts_on(&conn, id).map_err(db)?;
-            Ok((status, attempts))
-        })
-    }
-
-    fn retry<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<MessageState, AdminError>> {
-        Box::pin(async move {
-            self.change(id, |tx, current, now| {
-                let state = decide(id, AdminAction::Retry, current.state, None)?;
-                tx.execute(
-                    "UPDATE queue SET next_attempt_at = ?2, updated_at = ?2 WHERE id = ?1",
-                    params![id, now],
-                )
-                .map_err(db)?;
-                Ok(state)
+            self.blocking(move |conn| {
+                let status = conn
+                    .query_row(
+                        &format!("SELECT {COLUMNS} FROM queue WHERE id = ?1"),
+                        [&id],
+                        status_from_row,
+                    )
+                    .optional()
+                    .map_err(db)?
+                    .ok_or_else(|| AdminError::NotFound(id.clone()))?;
+                let attempts = attempts_on(conn, &id).map_err(db)?;
+                Ok((status, attempts))
             })
+            .await?
         })
     }
 
     fn retry_all(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
         Box::pin(async move {
-            self.conn()
-                .execute(
+            self.blocking(|conn| {
+                conn.execute(
                     "UPDATE queue SET next_attempt_at = ?1, updated_at = ?1
                      WHERE state IN ('queued', 'deferred') AND next_attempt_at > ?1",
                     [now_millis()],
                 )
                 .map_err(classify)
+            })
+            .await?
         })
     }
 
-    fn hold<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<MessageState, AdminError>> {
-        Box::pin(async move {
-            self.change(id, |tx, current, now| {
-                let state = decide(id, AdminAction::Hold, current.state, None)?;
-                if current.state != MessageState::Held {
-                    // The lease stays: a running attempt still owns it.
-                    tx.execute(
-                        "UPDATE queue SET state = 'held', updated_at = ?2 WHERE id = ?1",
-                        params![id, now],
-                    )
-                    .map_err(db)?;
-                }
-                Ok(state)
-            })
-        })
-    }
-
-    fn release<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<MessageState, AdminError>> {
-        Box::pin(async move {
-            self.change(id, |tx, current, now| {
-                decide(id, AdminAction::Release, current.state, None)?;
-                let back = if current.attempts > 0 {
-                    MessageState::Deferred
-                } else {
-                    MessageState::Queued
-                };
-                let due = current.lease_until.map_or(now, |l| l.max(now));
-                tx.execute(
-                    "UPDATE queue SET state = ?2, next_attempt_at = ?3, updated_at = ?4
-                     WHERE id = ?1",
-                    params![id, back.as_str(), due, now],
-                )
-                .map_err(db)?;
-                Ok(back)
-            })
-        })
-    }
-
-    fn delete<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), AdminError>> {
-        Box::pin(async move {
-            self.change(id, |tx, current, now| {
-                // One node: the lease is this host's worker's.
-                let live = current.lease_until.filter(|l| *l > now).map(|l| (None, l));
-                decide(id, AdminAction::Delete, current.state, live)?;
-                for sql in [
-                    "DELETE FROM delivery_attempt WHERE queue_id = ?1",
-                    "DELETE FROM message_body WHERE queue_id = ?1",
-                    "DELETE FROM queue WHERE id = ?1",
-                ] {
-                    tx.execute(sql, [id]).map_err(db)?;
-                }
-                Ok(())
-            })
-        })
+    fn apply(&self, change: Change) -> BoxFuture<'_, Result<Result<Done, AdminError>, StoreError>> {
+        Box::pin(async move { self.blocking(move |conn| apply_on(conn, change)).await? })
     }
 }

@@ -9,6 +9,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use super::writer::insert_events;
 use super::{Readers, SqliteStore, insert_message, writer};
+use crate::store::queue::after_attempt;
 use crate::store::{
     AttemptOutcome, BoxFuture, ClaimedMessage, DeliveryQueue, MessageState, StoreError, UnixMillis,
 };
@@ -131,13 +132,7 @@ fn record_on(tx: &Transaction<'_>, o: &AttemptOutcome) -> rusqlite::Result<Optio
             row.next_hop
         ])?;
     }
-    // An operator's hold during the attempt sticks unless it finished the
-    // message.
-    let state = if o.state == MessageState::Deferred && current == MessageState::Held.as_str() {
-        MessageState::Held
-    } else {
-        o.state
-    };
+    let state = after_attempt(o.state, &current);
     // An attempt that only delivered keeps an earlier failure visible,
     // unless the whole message is now delivered.
     tx.prepare_cached(
@@ -185,7 +180,7 @@ fn purge_finished_on(
 ) -> rusqlite::Result<usize> {
     let ids: Vec<String> = tx
         .prepare_cached(
-            "SELECT id FROM queue WHERE state IN ('delivered', 'failed', 'expired')
+            "SELECT id FROM queue WHERE state IN ('delivered', 'failed', 'expired', 'cancelled')
                AND updated_at <= ?1 LIMIT ?2",
         )?
         .query_map(params![before, limit_param(limit)], |r| r.get(0))?

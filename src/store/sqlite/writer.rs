@@ -11,7 +11,9 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::classify;
 use super::identity::DataDirIdentity;
-use crate::store::{Acceptance, CommitOutcome, NewEvent, NewMessage, StoreError, UnixMillis};
+use crate::store::{
+    Acceptance, CommitOutcome, NewEvent, NewLedgerEntry, NewMessage, StoreError, UnixMillis,
+};
 
 /// Upper bound on jobs per transaction, to bound latency and memory.
 pub const MAX_BATCH: usize = 256;
@@ -221,37 +223,42 @@ fn apply_all(conn: &mut Connection, jobs: &mut [Job]) -> rusqlite::Result<()> {
 }
 
 fn apply_acceptance(tx: &Transaction<'_>, a: &Acceptance) -> rusqlite::Result<CommitOutcome> {
-    if let Some(l) = &a.ledger {
-        // Replace an entry only once it has expired: a live one means the
-        // key is taken, and then nothing at all is written.
-        let changed = tx
-            .prepare_cached(
-                "INSERT INTO ledger (workspace, key, fingerprint, reply, queue_id, created_at, expires_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                 ON CONFLICT (workspace, key) DO UPDATE SET
-                   fingerprint = excluded.fingerprint, reply = excluded.reply,
-                   queue_id = excluded.queue_id, created_at = excluded.created_at,
-                   expires_at = excluded.expires_at
-                 WHERE ledger.expires_at <= excluded.created_at",
-            )?
-            .execute(params![
-                l.workspace,
-                l.key,
-                &l.entry.fingerprint[..],
-                l.entry.reply,
-                l.entry.queue_id,
-                l.entry.created_at,
-                l.entry.expires_at
-            ])?;
-        if changed == 0 {
-            return Ok(CommitOutcome::KeyTaken);
-        }
+    if let Some(l) = &a.ledger
+        && !insert_ledger(tx, l)?
+    {
+        return Ok(CommitOutcome::KeyTaken);
     }
     if let Some(m) = &a.message {
         insert_message(tx, m)?;
     }
     insert_events(tx, &a.events)?;
     Ok(CommitOutcome::Committed)
+}
+
+/// Writes a ledger entry, replacing one only once it has expired; `false`
+/// (nothing written) when a live one holds the key. Acceptances here, the
+/// operators' idempotent changes in `admin`.
+pub(crate) fn insert_ledger(tx: &Transaction<'_>, l: &NewLedgerEntry) -> rusqlite::Result<bool> {
+    let changed = tx
+        .prepare_cached(
+            "INSERT INTO ledger (workspace, key, fingerprint, reply, queue_id, created_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (workspace, key) DO UPDATE SET
+               fingerprint = excluded.fingerprint, reply = excluded.reply,
+               queue_id = excluded.queue_id, created_at = excluded.created_at,
+               expires_at = excluded.expires_at
+             WHERE ledger.expires_at <= excluded.created_at",
+        )?
+        .execute(params![
+            l.workspace,
+            l.key,
+            &l.entry.fingerprint[..],
+            l.entry.reply,
+            l.entry.queue_id,
+            l.entry.created_at,
+            l.entry.expires_at
+        ])?;
+    Ok(changed > 0)
 }
 
 /// Writes a queue row and its body, due at once. The one place queue rows

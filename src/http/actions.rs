@@ -1,0 +1,350 @@
+//! `DELETE /v1/messages/{id}` (cancel) and `POST /v1/messages/{id}/retry`,
+//! `.../hold`, `.../release`: the operators' queue actions over the API,
+//! on the store's `QueueAdmin` like the CLI's, idempotent per the seeds
+//! (`Idempotency-Key`, in the workspace's key space shared with
+//! submissions). A workspace's key acts on its own messages only (another
+//! workspace's is a 404, as for GET); an operator's on every workspace.
+//!
+//! What is stored under a key: every answer below 500, except those that
+//! say "retry later" (`409 Delivering`: an attempt holds the message now;
+//! `409 E01004`), which a retry under the same key must be able to get past.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::{HeaderValue, header};
+use axum::response::Response;
+use serde_json::json;
+
+use super::body::{self, BodyError, BodyLimits};
+use super::channel::{Http, encode, error};
+use super::keys::Caller;
+use super::{Api, respond};
+use crate::accept::operation::{LedgerSlot, Operation};
+use crate::event_type::EventType;
+use crate::store::{AdminAction, AdminError, Change, Done, Record, Recorder, StoreError};
+use crate::webhook::Router as Webhooks;
+use crate::webhook::route::Acted;
+
+/// These routes take no body; one sent anyway is part of the request's
+/// identity, and bounded.
+const MAX_BODY: usize = 16 * 1024;
+
+/// How long a client should wait before retrying an action refused
+/// because an attempt holds the message (a lease is minutes at most, an
+/// attempt usually seconds).
+const RETRY_AFTER_SECONDS: &str = "5";
+
+type Id = Result<Path<String>, PathRejection>;
+
+pub async fn cancel(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    id: Id,
+    request: Request,
+) -> Response {
+    act(api, peer, id, AdminAction::Cancel, request).await
+}
+
+pub async fn retry(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    id: Id,
+    request: Request,
+) -> Response {
+    act(api, peer, id, AdminAction::Retry, request).await
+}
+
+pub async fn hold(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    id: Id,
+    request: Request,
+) -> Response {
+    act(api, peer, id, AdminAction::Hold, request).await
+}
+
+pub async fn release(
+    State(api): State<Arc<Api>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    id: Id,
+    request: Request,
+) -> Response {
+    act(api, peer, id, AdminAction::Release, request).await
+}
+
+async fn act(
+    api: Arc<Api>,
+    peer: SocketAddr,
+    id: Id,
+    action: AdminAction,
+    request: Request,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    // From the headers alone, as every route: no body byte before this.
+    let caller = match api.caller(&parts.headers, peer).await {
+        Ok(c) => c,
+        Err(response) => return *response,
+    };
+    let id = match id {
+        Ok(Path(id)) => id,
+        Err(rejection) => return respond(error(400, "BadRequest", &rejection.body_text())),
+    };
+    let mut reservation = api
+        .budget
+        .reservation(Some(Arc::from(caller.submitter.name())));
+    let limits = BodyLimits {
+        max_bytes: MAX_BODY,
+        ..api.body
+    };
+    let body = match body::read(body, limits, &mut reservation).await {
+        Ok(body) => body,
+        Err(BodyError::TooLarge(_)) => {
+            return respond(error(
+                413,
+                "TooLarge",
+                &format!("this request takes no body (at most {MAX_BODY} bytes)"),
+            ));
+        }
+        Err(e @ BodyError::OverBudget(_)) => {
+            tracing::warn!(%peer, error = %e, "HTTP action refused: in-flight budget used up");
+            return busy();
+        }
+        Err(e) => {
+            tracing::info!(%peer, error = %e, "HTTP action body could not be read");
+            return respond(error(400, "BadRequest", &e.to_string()));
+        }
+    };
+    let key = match parts.headers.get("idempotency-key").map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(k)) => Some(k),
+        Some(Err(_)) => {
+            return respond(error(422, "E01001", "Idempotency-Key is not visible ASCII"));
+        }
+    };
+    let line = format!(
+        "{} {}?{}",
+        parts.method,
+        parts.uri.path(),
+        parts.uri.query().unwrap_or_default()
+    );
+    let operation = Operation {
+        workspace: caller.submitter.workspace(),
+        key,
+        line: &line,
+        body: &body,
+    };
+    let answer = api
+        .acceptor
+        .once(operation, &Http, |slot| {
+            let change = Change {
+                action,
+                id: id.clone(),
+                workspace: caller.scope().map(str::to_owned),
+                actor: format!("api:{}", caller.submitter.name()),
+                recorder: Some(recorder(slot, api.webhooks.clone(), &caller)),
+            };
+            let admin = api.admin.clone();
+            let caller = caller.clone();
+            async move {
+                match admin.apply(change).await {
+                    Ok(outcome) => {
+                        log(&id, action, &caller, &outcome);
+                        answer(&id, action, &outcome)
+                    }
+                    Err(e) => {
+                        tracing::warn!(queue_id = %id, action = action.as_str(), error = %e, "HTTP action failed: store");
+                        store_failure(&e)
+                    }
+                }
+            }
+        })
+        .await;
+    drop(reservation);
+    let delivering = is_delivering(&answer);
+    let mut response = respond(answer);
+    if delivering {
+        response.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static(RETRY_AFTER_SECONDS),
+        );
+    }
+    response
+}
+
+/// What the change writes with itself: its answer under the key (when
+/// it is one to store) and its event (when it changed something).
+fn recorder(slot: Option<LedgerSlot>, webhooks: Webhooks, caller: &Caller) -> Recorder {
+    let actor = format!("api:{}", caller.submitter.name());
+    Box::new(move |outcome: &Result<Done, AdminError>| {
+        let id = match outcome {
+            Ok(done) => done.id.clone(),
+            Err(e) => refused_id(e),
+        };
+        let ledger = slot
+            .filter(|_| stored(outcome))
+            .map(|slot| slot.entry(answer(&id, action_of(outcome), outcome), Some(id.clone())));
+        let events = match outcome {
+            Ok(done) => events(&webhooks, done, &actor),
+            Err(_) => Vec::new(),
+        };
+        Record { ledger, events }
+    })
+}
+
+/// The events of a change that changed something.
+pub(crate) fn events(webhooks: &Webhooks, done: &Done, actor: &str) -> Vec<crate::store::NewEvent> {
+    let event = match done.action {
+        AdminAction::Cancel => EventType::Cancelled,
+        AdminAction::Hold => EventType::Held,
+        AdminAction::Release => EventType::Released,
+        AdminAction::Retry => EventType::Retried,
+        AdminAction::Delete => return Vec::new(),
+    };
+    if !done.changed() {
+        return Vec::new();
+    }
+    webhooks.acted(&Acted {
+        queue_id: &done.id,
+        workspace: &done.workspace,
+        idempotency_key: done.idempotency_key.as_deref(),
+        event,
+        state: done.state.as_str(),
+        actor,
+        stopped: &done.stopped,
+        at: done.at,
+    })
+}
+
+fn refused_id(e: &AdminError) -> String {
+    match e {
+        AdminError::NotFound(id)
+        | AdminError::LiveLease { id, .. }
+        | AdminError::State { id, .. }
+        | AdminError::UnknownState { id, .. } => id.clone(),
+        AdminError::KeyTaken | AdminError::Store(_) => String::new(),
+    }
+}
+
+/// The action, for an outcome's answer (a refusal other than `State`
+/// words the same whatever the action).
+fn action_of(outcome: &Result<Done, AdminError>) -> AdminAction {
+    match outcome {
+        Ok(done) => done.action,
+        Err(AdminError::State { action, .. }) => *action,
+        Err(_) => AdminAction::Retry,
+    }
+}
+
+/// Whether an answer is stored under the key: below 500, and not one that
+/// says to retry later.
+fn stored(outcome: &Result<Done, AdminError>) -> bool {
+    match outcome {
+        Ok(_) | Err(AdminError::NotFound(_) | AdminError::State { .. }) => true,
+        Err(
+            AdminError::LiveLease { .. }
+            | AdminError::KeyTaken
+            | AdminError::UnknownState { .. }
+            | AdminError::Store(_),
+        ) => false,
+    }
+}
+
+/// The answer, `status\nbody`, the same bytes whether sent now or replayed.
+fn answer(id: &str, action: AdminAction, outcome: &Result<Done, AdminError>) -> Vec<u8> {
+    match outcome {
+        Ok(done) => {
+            let mut body = json!({
+                "id": done.id,
+                "action": done.action.as_str(),
+                "state": done.state.as_str(),
+                "changed": done.changed(),
+            });
+            if done.action == AdminAction::Cancel {
+                body["cancelled_recipients"] = json!(done.stopped);
+            }
+            encode(200, &body)
+        }
+        Err(AdminError::NotFound(_)) => error(404, "NotFound", &format!("no message {id}")),
+        Err(AdminError::State { state, .. }) => encode(
+            409,
+            &json!({
+                "code": "InvalidState",
+                "message": format!(
+                    "message {id} is {}: it cannot be {}",
+                    state.as_str(),
+                    past_participle(action)
+                ),
+                "state": state.as_str(),
+            }),
+        ),
+        Err(AdminError::LiveLease { .. }) => error(
+            409,
+            "Delivering",
+            &format!(
+                "message {id} is being delivered right now; nothing was changed, retry in a few seconds"
+            ),
+        ),
+        Err(AdminError::KeyTaken) => crate::accept::channel::Channel::in_progress(&Http),
+        Err(AdminError::UnknownState { state, .. }) => error(
+            500,
+            "UnknownState",
+            &format!("message {id} has a state this version does not know ({state:?})"),
+        ),
+        Err(AdminError::Store(e)) => store_failure(e),
+    }
+}
+
+fn past_participle(action: AdminAction) -> &'static str {
+    match action {
+        AdminAction::Retry => "retried",
+        AdminAction::Hold => "held",
+        AdminAction::Release => "released",
+        AdminAction::Cancel => "cancelled",
+        AdminAction::Delete => "deleted",
+    }
+}
+
+/// Nothing was changed: `E01033` when the store cannot be reached at all.
+fn store_failure(e: &StoreError) -> Vec<u8> {
+    use crate::accept::channel::Channel;
+    match e {
+        StoreError::Unavailable(_) => Http.unavailable(),
+        _ => Http.storage_failure(),
+    }
+}
+
+fn busy() -> Response {
+    let mut response = respond(error(
+        503,
+        "ServerBusy",
+        "too many requests are being received right now, retry shortly",
+    ));
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+    response
+}
+
+/// The `409 Delivering` refusal (never stored, so never a replay).
+fn is_delivering(answer: &[u8]) -> bool {
+    let decoded = super::channel::decode(answer);
+    decoded.status == 409
+        && serde_json::from_slice::<serde_json::Value>(&decoded.body)
+            .is_ok_and(|v| v["code"] == "Delivering")
+}
+
+fn log(id: &str, action: AdminAction, caller: &Caller, outcome: &Result<Done, AdminError>) {
+    let account = caller.submitter.name();
+    match outcome {
+        Ok(done) => tracing::info!(
+            queue_id = %id, action = action.as_str(), %account, workspace = %done.workspace,
+            state = done.state.as_str(), changed = done.changed(), "HTTP action done"
+        ),
+        Err(e) => tracing::info!(
+            queue_id = %id, action = action.as_str(), %account, reason = %e, "HTTP action refused"
+        ),
+    }
+}
