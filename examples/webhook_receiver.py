@@ -90,7 +90,7 @@ class Receiver(BaseHTTPRequestHandler):
         data = event["data"]
         at = event_millis(event["timestamp"])
         rank = RANK.get(event["type"], 2)
-        recipients = data.get("recipients") or [data.get("recipient")]
+        recipients = data.get("recipients") or [r for r in [data.get("recipient")] if r]
         conn = db()
         try:
             # IMMEDIATE: take the write lock now, so concurrent requests

@@ -120,6 +120,14 @@ pub enum Command {
         #[arg(required = true)]
         queue_ids: Vec<String>,
     },
+    /// Stop messages for good, keeping their history (recipients
+    /// delivered stay delivered); `DELETE /v1/messages/{id}` in the API.
+    Cancel {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(required = true)]
+        queue_ids: Vec<String>,
+    },
     /// Remove messages from the queue for good.
     Delete {
         #[arg(long, short)]
@@ -211,6 +219,9 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Hold { config, queue_ids } => queue::run(&config, QueueCommand::Hold(&queue_ids)),
         Command::Release { config, queue_ids } => {
             queue::run(&config, QueueCommand::Release(&queue_ids))
+        }
+        Command::Cancel { config, queue_ids } => {
+            queue::run(&config, QueueCommand::Cancel(&queue_ids))
         }
         Command::Delete { config, queue_ids } => {
             queue::run(&config, QueueCommand::Delete(&queue_ids))

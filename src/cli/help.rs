@@ -12,7 +12,7 @@ const GROUPS: &[(&str, &[&str])] = &[
     (
         "Operate",
         &[
-            "status", "queue", "retry", "hold", "release", "delete", "webhooks",
+            "status", "queue", "retry", "hold", "release", "cancel", "delete", "webhooks",
         ],
     ),
     ("Keys", &["hash-password", "new-api-key", "dkim-keygen"]),

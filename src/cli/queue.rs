@@ -1,15 +1,19 @@
-//! `smtp-once status|queue|retry|hold|release|delete`: the operator
+//! `smtp-once status|queue|retry|hold|release|cancel|delete`: the operator
 //! commands on the configured store (the SQLite file, or PostgreSQL from
-//! any host), all through `store::QueueAdmin`, so both print the same.
+//! any host), all through `store::QueueAdmin`, so both print the same. An
+//! action that changes a message writes its webhook event
+//! (`message.held`, ...) in the same transaction, as the API's do.
 
 use std::path::Path;
 
 use crate::config::{Config, StoreBackend};
 use crate::delivery::status::format_delivery;
 use crate::store::{
-    AdminAction, AdminError, ListFilter, MessageState, MessageStatus, QueueAdmin, StoreError,
+    AdminAction, AdminError, Change, ListFilter, MessageState, MessageStatus, QueueAdmin, Record,
+    Recorder, StoreError,
 };
 use crate::trace::rfc5322_date;
+use crate::webhook::Router;
 
 /// One operator command, as parsed.
 pub enum QueueCommand<'a> {
@@ -27,6 +31,7 @@ pub enum QueueCommand<'a> {
     Retry(&'a [String]),
     Hold(&'a [String]),
     Release(&'a [String]),
+    Cancel(&'a [String]),
     Delete(&'a [String]),
 }
 
@@ -34,7 +39,7 @@ pub fn run(config: &Path, command: QueueCommand<'_>) -> Result<(), String> {
     // Check the arguments before touching the store.
     let state = match &command {
         QueueCommand::List { state: Some(s), .. } => Some(MessageState::parse(s).ok_or_else(|| {
-            format!("--state {s:?}: use queued, deferred, delivering, delivered, failed, expired or held")
+            format!("--state {s:?}: use queued, deferred, delivering, delivered, failed, expired, held or cancelled")
         })?),
         _ => None,
     };
@@ -69,6 +74,7 @@ pub fn run(config: &Path, command: QueueCommand<'_>) -> Result<(), String> {
     runtime.block_on(async {
         let admin = open(&config).await.map_err(|e| e.to_string())?;
         let admin = admin.as_ref();
+        let webhooks = &Router::new(&config.webhooks);
         match command {
             QueueCommand::Status(id) => {
                 let (m, attempts) = admin.show(id).await.map_err(|e| words(&e))?;
@@ -84,34 +90,63 @@ pub fn run(config: &Path, command: QueueCommand<'_>) -> Result<(), String> {
             }
             QueueCommand::Retry(ids) => {
                 for_each(ids, |id| async move {
-                    let state = admin.retry(id).await?;
+                    let state = act(admin, webhooks, AdminAction::Retry, id).await?;
                     Ok(format!("{id}: {}, due now", state.as_str()))
                 })
                 .await
             }
             QueueCommand::Hold(ids) => {
                 for_each(ids, |id| async move {
-                    admin.hold(id).await?;
+                    act(admin, webhooks, AdminAction::Hold, id).await?;
                     Ok(format!("{id}: held"))
                 })
                 .await
             }
             QueueCommand::Release(ids) => {
                 for_each(ids, |id| async move {
-                    let state = admin.release(id).await?;
+                    let state = act(admin, webhooks, AdminAction::Release, id).await?;
                     Ok(format!("{id}: released ({}), due now", state.as_str()))
+                })
+                .await
+            }
+            QueueCommand::Cancel(ids) => {
+                for_each(ids, |id| async move {
+                    act(admin, webhooks, AdminAction::Cancel, id).await?;
+                    Ok(format!("{id}: cancelled"))
                 })
                 .await
             }
             QueueCommand::Delete(ids) => {
                 for_each(ids, |id| async move {
-                    admin.delete(id).await?;
+                    act(admin, webhooks, AdminAction::Delete, id).await?;
                     Ok(format!("{id}: deleted"))
                 })
                 .await
             }
         }
     })
+}
+
+/// One action with the events it causes, in one transaction.
+async fn act(
+    admin: &dyn QueueAdmin,
+    webhooks: &Router,
+    action: AdminAction,
+    id: &str,
+) -> Result<MessageState, AdminError> {
+    let webhooks = webhooks.clone();
+    let recorder: Recorder = Box::new(move |outcome| Record {
+        ledger: None,
+        events: outcome
+            .as_ref()
+            .map_or_else(|_| Vec::new(), |done| webhooks.acted(done, "cli")),
+    });
+    let change = Change {
+        recorder: Some(recorder),
+        ..Change::plain(action, id)
+    };
+    let done = admin.apply(change).await??;
+    Ok(done.state)
 }
 
 /// The configured store's admin: the SQLite file beside a running daemon,
@@ -178,6 +213,7 @@ pub fn words(e: &AdminError) -> String {
     match e {
         AdminError::State { id, state, action } => {
             let why = match (action, state) {
+                (_, MessageState::Cancelled) => "is cancelled".to_owned(),
                 (AdminAction::Retry, Delivering) => "is being delivered right now".to_owned(),
                 (AdminAction::Retry, Held) => "is held; release it to deliver it".to_owned(),
                 (AdminAction::Release, s) => format!("is {}, not held", s.as_str()),

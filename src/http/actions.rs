@@ -23,10 +23,8 @@ use super::channel::{Http, encode, error};
 use super::keys::Caller;
 use super::{Api, respond};
 use crate::accept::operation::{LedgerSlot, Operation};
-use crate::event_type::EventType;
 use crate::store::{AdminAction, AdminError, Change, Done, Record, Recorder, StoreError};
 use crate::webhook::Router as Webhooks;
-use crate::webhook::route::Acted;
 
 /// These routes take no body; one sent anyway is part of the request's
 /// identity, and bounded.
@@ -187,34 +185,10 @@ fn recorder(slot: Option<LedgerSlot>, webhooks: Webhooks, caller: &Caller) -> Re
             .filter(|_| stored(outcome))
             .map(|slot| slot.entry(answer(&id, action_of(outcome), outcome), Some(id.clone())));
         let events = match outcome {
-            Ok(done) => events(&webhooks, done, &actor),
+            Ok(done) => webhooks.acted(done, &actor),
             Err(_) => Vec::new(),
         };
         Record { ledger, events }
-    })
-}
-
-/// The events of a change that changed something.
-pub(crate) fn events(webhooks: &Webhooks, done: &Done, actor: &str) -> Vec<crate::store::NewEvent> {
-    let event = match done.action {
-        AdminAction::Cancel => EventType::Cancelled,
-        AdminAction::Hold => EventType::Held,
-        AdminAction::Release => EventType::Released,
-        AdminAction::Retry => EventType::Retried,
-        AdminAction::Delete => return Vec::new(),
-    };
-    if !done.changed() {
-        return Vec::new();
-    }
-    webhooks.acted(&Acted {
-        queue_id: &done.id,
-        workspace: &done.workspace,
-        idempotency_key: done.idempotency_key.as_deref(),
-        event,
-        state: done.state.as_str(),
-        actor,
-        stopped: &done.stopped,
-        at: done.at,
     })
 }
 
@@ -263,7 +237,7 @@ fn answer(id: &str, action: AdminAction, outcome: &Result<Done, AdminError>) -> 
                 "changed": done.changed(),
             });
             if done.action == AdminAction::Cancel {
-                body["cancelled_recipients"] = json!(done.stopped);
+                body["cancelled_recipients"] = json!(done.pending);
             }
             encode(200, &body)
         }

@@ -120,8 +120,9 @@ pub struct Done {
     /// The state before and after (`Delete`: after is the state before).
     pub before: MessageState,
     pub state: MessageState,
-    /// The recipients a cancel stopped (those without a final outcome).
-    pub stopped: Vec<String>,
+    /// The recipients without a final outcome when it acted (a cancel
+    /// stopped these; a delete reports none).
+    pub pending: Vec<String>,
     /// When, on the store's clock.
     pub at: UnixMillis,
 }
@@ -171,7 +172,8 @@ pub trait QueueAdmin: Send + Sync {
     ///   or when a running attempt's lease ends, so two attempts never
     ///   overlap.
     /// - `Cancel`: → cancelled, unless an attempt holds a live lease;
-    ///   each recipient without a final outcome gets a `cancelled` one.
+    ///   each recipient without a final outcome gets a `cancelled` one
+    ///   (in [`Done::pending`]).
     /// - `Delete`: removes the message, its body and its attempts, unless
     ///   it is `delivering` under a live lease.
     fn apply(&self, change: Change) -> BoxFuture<'_, Result<Result<Done, AdminError>, StoreError>>;

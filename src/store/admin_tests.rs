@@ -389,7 +389,7 @@ async fn cancel_keeps_delivered_recipients(bed: &Bed) {
         (done.before, done.state, done.workspace.as_str()),
         (MessageState::Deferred, MessageState::Cancelled, "w1")
     );
-    assert_eq!(done.stopped, ["b@example.net"]);
+    assert_eq!(done.pending, ["b@example.net"]);
     assert!(done.changed());
     let (m, attempts) = bed.admin.show("Q1").await.expect("show");
     assert_eq!(m.state, MessageState::Cancelled);
@@ -423,7 +423,7 @@ async fn cancel_keeps_delivered_recipients(bed: &Bed) {
         .await
         .expect("store")
         .expect("cancel");
-    assert!(!again.changed() && again.stopped.is_empty());
+    assert!(!again.changed() && again.pending.is_empty());
     for action in [AdminAction::Hold, AdminAction::Release, AdminAction::Retry] {
         let r = bed
             .admin

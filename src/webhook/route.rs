@@ -10,7 +10,7 @@ use super::handoff::{self, Direct, Handoff, Handover};
 use crate::config::WebhookEndpoint;
 use crate::event_type::EventType;
 use crate::store::outbox::OutboxEvent;
-use crate::store::{NewEvent, UnixMillis};
+use crate::store::{AdminAction, Done, NewEvent, UnixMillis};
 use crate::trace::rfc3339_millis;
 
 /// The configured endpoints' filters. Empty: no event is ever written.
@@ -50,21 +50,6 @@ pub struct Attempted<'a> {
     pub next_hop: Option<&'a str>,
     /// 1 for the first attempt.
     pub attempt: u32,
-    pub at: UnixMillis,
-}
-
-/// An operator's action on a message (through the API or the CLI).
-pub struct Acted<'a> {
-    pub queue_id: &'a str,
-    pub workspace: &'a str,
-    pub idempotency_key: Option<&'a str>,
-    pub event: EventType,
-    /// The state it left.
-    pub state: &'a str,
-    /// Who acted: `api:<account>` or `cli`.
-    pub actor: &'a str,
-    /// The recipients a cancel stopped.
-    pub stopped: &'a [String],
     pub at: UnixMillis,
 }
 
@@ -175,32 +160,44 @@ impl Router {
         out
     }
 
-    /// An operator action's events. Written `pending` for a claim, never
-    /// handed over in memory: the change is committed by the operator's
-    /// own connection (any node, or the CLI), where no sender waits.
-    pub fn acted(&self, a: &Acted<'_>) -> Vec<NewEvent> {
+    /// The events of an operator's action (`actor`: `api:<account>` or
+    /// `cli`), when it changed something; a delete causes none (the
+    /// message is gone). Written `pending` for a claim, never handed over
+    /// in memory: the change is committed on the operator's own connection
+    /// (any node, or the CLI), where no sender waits for it.
+    pub fn acted(&self, done: &Done, actor: &str) -> Vec<NewEvent> {
+        let event = match done.action {
+            AdminAction::Cancel => EventType::Cancelled,
+            AdminAction::Hold => EventType::Held,
+            AdminAction::Release => EventType::Released,
+            AdminAction::Retry => EventType::Retried,
+            AdminAction::Delete => return Vec::new(),
+        };
+        if !done.changed() {
+            return Vec::new();
+        }
         let mut out = Routed::default();
         let pending = Router {
             endpoints: self.endpoints.clone(),
             handoff: None,
         };
         pending.route(
-            a.event,
-            a.workspace,
-            a.queue_id,
-            a.at,
+            event,
+            &done.workspace,
+            &done.id,
+            done.at,
             || {
-                let mut data = json!({
-                    "queue_id": a.queue_id,
-                    "workspace": a.workspace,
-                    "idempotency_key": a.idempotency_key,
-                    "state": a.state,
-                    "actor": a.actor,
-                });
-                if a.event == EventType::Cancelled {
-                    data["recipients"] = json!(a.stopped);
-                }
-                data
+                // `recipients`: those it concerns, the ones without a final
+                // outcome (a cancel's, the ones it stopped); recipients
+                // delivered before keep their `message.delivered`.
+                json!({
+                    "queue_id": done.id,
+                    "workspace": done.workspace,
+                    "idempotency_key": done.idempotency_key,
+                    "recipients": done.pending,
+                    "state": done.state.as_str(),
+                    "actor": actor,
+                })
             },
             &mut out,
         );
@@ -242,6 +239,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::store::MessageState;
 
     fn endpoint(name: &str, events: Option<Vec<EventType>>, ws: Option<&str>) -> WebhookEndpoint {
         WebhookEndpoint {
@@ -321,18 +319,20 @@ mod tests {
             endpoint("ops", Some(vec![EventType::Cancelled]), None),
             endpoint("bounces", Some(vec![EventType::Bounced]), None),
         ]);
-        let stopped = vec!["b@x".to_owned()];
-        let acted = |event| Acted {
-            queue_id: "Q1",
-            workspace: "ws",
-            idempotency_key: Some("k1"),
-            event,
-            state: "cancelled",
-            actor: "api:alice",
-            stopped: &stopped,
+        let done = |action, before| Done {
+            id: "Q1".into(),
+            workspace: "ws".into(),
+            idempotency_key: Some("k1".into()),
+            action,
+            before,
+            state: MessageState::Cancelled,
+            pending: vec!["b@x".into()],
             at: 1_796_069_194_007,
         };
-        let events = router.acted(&acted(EventType::Cancelled));
+        let events = router.acted(
+            &done(AdminAction::Cancel, MessageState::Deferred),
+            "api:alice",
+        );
         assert_eq!(events.len(), 1);
         assert_eq!(
             (events[0].endpoint.as_str(), events[0].lease_ms),
@@ -342,7 +342,11 @@ mod tests {
         assert_eq!(v["type"], "message.cancelled");
         assert_eq!(v["data"]["actor"], "api:alice");
         assert_eq!(v["data"]["recipients"], json!(["b@x"]));
-        assert!(router.acted(&acted(EventType::Held)).is_empty());
+        // Nothing changed, nothing wanted, or nothing left: no event.
+        let again = done(AdminAction::Cancel, MessageState::Cancelled);
+        assert!(router.acted(&again, "cli").is_empty());
+        let held = done(AdminAction::Hold, MessageState::Queued);
+        assert!(router.acted(&held, "cli").is_empty());
     }
 
     #[test]

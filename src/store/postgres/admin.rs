@@ -109,7 +109,23 @@ async fn locked(tx: &Transaction<'_>, change: &Change) -> Result<Current, AdminE
 async fn act_on(tx: &Transaction<'_>, change: &Change) -> Result<(Done, bool), AdminError> {
     let id = change.id.as_str();
     let current = locked(tx, change).await?;
-    let mut stopped = Vec::new();
+    let pending = match change.action {
+        AdminAction::Delete => Vec::new(),
+        _ => {
+            let latest = tx
+                .query(
+                    "SELECT recipient, outcome FROM delivery_attempt
+                     WHERE queue_id = $1 ORDER BY id",
+                    &[&id],
+                )
+                .await
+                .map_err(db)?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            not_final(&current.recipients, &latest)
+        }
+    };
     let (state, made_due) = match change.action {
         AdminAction::Retry => {
             let state = decide(id, AdminAction::Retry, current.state, None)?;
@@ -164,23 +180,11 @@ async fn act_on(tx: &Transaction<'_>, change: &Change) -> Result<(Done, bool), A
                 current.live_lease.clone(),
             )?;
             if current.state != MessageState::Cancelled {
-                let latest = tx
-                    .query(
-                        "SELECT recipient, outcome FROM delivery_attempt
-                         WHERE queue_id = $1 ORDER BY id",
-                        &[&id],
-                    )
-                    .await
-                    .map_err(db)?
-                    .iter()
-                    .map(|r| (r.get(0), r.get(1)))
-                    .collect();
-                stopped = not_final(&current.recipients, &latest);
                 let reply = format!("cancelled by {}", change.actor);
                 tx.execute(
                     "INSERT INTO delivery_attempt (queue_id, recipient, at, outcome, reply)
                      SELECT $1, r, smtp_once_now(), 'cancelled', $3 FROM unnest($2::text[]) AS r",
-                    &[&id, &stopped, &reply],
+                    &[&id, &pending, &reply],
                 )
                 .await
                 .map_err(db)?;
@@ -215,7 +219,7 @@ async fn act_on(tx: &Transaction<'_>, change: &Change) -> Result<(Done, bool), A
         action: change.action,
         before: current.state,
         state,
-        stopped,
+        pending,
         at: current.now,
     };
     Ok((done, made_due))

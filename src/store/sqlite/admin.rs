@@ -133,46 +133,38 @@ fn write_record(tx: &Transaction<'_>, record: &Record) -> rusqlite::Result<bool>
 
 fn current(tx: &Transaction<'_>, change: &Change) -> Result<Current, AdminError> {
     let id = change.id.as_str();
-    let row: Option<(
-        String,
-        Option<UnixMillis>,
-        i64,
-        String,
-        Option<String>,
-        String,
-    )> = tx
+    // The state stays text until the workspace check: another workspace's
+    // message is not found whatever its state.
+    let row: Option<(String, Current)> = tx
         .query_row(
             "SELECT state, lease_until, attempts, workspace, idempotency_key, recipients
              FROM queue WHERE id = ?1",
             [id],
             |r| {
+                let recipients: String = r.get(5)?;
                 Ok((
                     r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
+                    Current {
+                        state: MessageState::Queued,
+                        lease_until: r.get(1)?,
+                        attempts: r.get(2)?,
+                        workspace: r.get(3)?,
+                        idempotency_key: r.get(4)?,
+                        recipients: recipients.lines().map(str::to_owned).collect(),
+                    },
                 ))
             },
         )
         .optional()
         .map_err(db)?;
-    let (state, lease_until, attempts, workspace, idempotency_key, recipients) = row
-        .filter(|r| change.workspace.as_ref().is_none_or(|w| *w == r.3))
+    let (state, current) = row
+        .filter(|(_, c)| change.workspace.as_ref().is_none_or(|w| *w == c.workspace))
         .ok_or_else(|| AdminError::NotFound(id.to_owned()))?;
     let state = MessageState::parse(&state).ok_or_else(|| AdminError::UnknownState {
         id: id.to_owned(),
         state,
     })?;
-    Ok(Current {
-        state,
-        lease_until,
-        attempts,
-        workspace,
-        idempotency_key,
-        recipients: recipients.lines().map(str::to_owned).collect(),
-    })
+    Ok(Current { state, ..current })
 }
 
 fn act_on(tx: &Transaction<'_>, change: &Change, now: UnixMillis) -> Result<Done, AdminError> {
@@ -180,7 +172,10 @@ fn act_on(tx: &Transaction<'_>, change: &Change, now: UnixMillis) -> Result<Done
     let current = current(tx, change)?;
     // One node: a lease is this host's worker's.
     let live = current.lease_until.filter(|l| *l > now).map(|l| (None, l));
-    let mut stopped = Vec::new();
+    let pending = match change.action {
+        AdminAction::Delete => Vec::new(),
+        _ => without_final_outcome(tx, id, &current.recipients).map_err(db)?,
+    };
     let state = match change.action {
         AdminAction::Retry => {
             let state = decide(id, AdminAction::Retry, current.state, None)?;
@@ -222,9 +217,8 @@ fn act_on(tx: &Transaction<'_>, change: &Change, now: UnixMillis) -> Result<Done
         AdminAction::Cancel => {
             let state = decide(id, AdminAction::Cancel, current.state, live)?;
             if current.state != MessageState::Cancelled {
-                stopped = without_final_outcome(tx, id, &current.recipients).map_err(db)?;
                 let reply = format!("cancelled by {}", change.actor);
-                for recipient in &stopped {
+                for recipient in &pending {
                     tx.execute(
                         "INSERT INTO delivery_attempt (queue_id, recipient, at, outcome, reply)
                          VALUES (?1, ?2, ?3, 'cancelled', ?4)",
@@ -260,7 +254,7 @@ fn act_on(tx: &Transaction<'_>, change: &Change, now: UnixMillis) -> Result<Done
         action: change.action,
         before: current.state,
         state,
-        stopped,
+        pending,
         at: now,
     })
 }
