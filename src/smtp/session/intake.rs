@@ -1,16 +1,92 @@
-//! Message bytes in: DATA and BDAT content into the session's buffer, under
-//! the size limit, the in-flight memory budget and the content rule (no
-//! bare CR or LF, no NUL). A refused message is swallowed to its end,
-//! storing nothing, before it is answered.
+//! DATA and BDAT: the commands that open a message's content, and its
+//! bytes into the session's buffer under the size limit, the in-flight
+//! memory budget and the content rule (no bare CR or LF, no NUL). A refused
+//! message is swallowed to its end, storing nothing, before it is answered.
 
 use smtp_proto::request::receiver::{DataReceiver, DummyDataReceiver};
 
 use super::{Action, Refusal, Session, State};
 use crate::budget::OverBudget;
-use crate::content_check::ContentFault;
+use crate::content_check::{ContentCheck, ContentFault};
 use crate::smtp::reply::Reply;
 
 impl Session {
+    fn transaction_ready(&mut self) -> Result<(), Option<Action>> {
+        match &self.envelope {
+            None => Err(self.bad_sequence("Send MAIL first")),
+            Some(e) if e.recipients.is_empty() => {
+                self.write(Reply::new(554, "5.5.1", "No valid recipients"));
+                Err(self.count_bad_command())
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    pub(super) fn data(&mut self) -> Option<Action> {
+        if !self.message.is_empty() {
+            return self.bad_sequence("DATA not allowed after BDAT");
+        }
+        if let Err(action) = self.transaction_ready() {
+            return action;
+        }
+        self.write(Reply::new(354, "", "End data with <CR><LF>.<CR><LF>"));
+        self.content_check = ContentCheck::new();
+        self.state = State::Data {
+            receiver: data_receiver(),
+        };
+        None
+    }
+
+    pub(super) fn bdat(&mut self, chunk_size: usize, is_last: bool) -> Option<Action> {
+        // An empty chunk that is not the last carries nothing: junk.
+        if chunk_size == 0 && !is_last && self.junk_limit_reached() {
+            return Some(Action::Close);
+        }
+        // The chunk follows the command whatever we answer: always consume it.
+        let refuse = if self.bdat_failed {
+            Some(Reply::new(503, "5.5.1", "Transaction failed, send RSET"))
+        } else if self.envelope.is_none() {
+            Some(Reply::new(503, "5.5.1", "Send MAIL first"))
+        } else if self
+            .envelope
+            .as_ref()
+            .is_some_and(|e| e.recipients.is_empty())
+        {
+            Some(Reply::new(554, "5.5.1", "No valid recipients"))
+        } else {
+            None
+        };
+        if let Some(reply) = refuse {
+            self.state = State::BdatDiscard {
+                left: chunk_size,
+                refusal: Refusal {
+                    // Chunks pipelined behind a failed one are expected
+                    // (and bounded by the message time limit); a BDAT with
+                    // no transaction is the client's error, as for DATA.
+                    bad_command: !self.bdat_failed,
+                    ..Refusal::keep_open(reply)
+                },
+            };
+            return None;
+        }
+        if self.message.is_empty() && self.message.reserved() == 0 {
+            // The first chunk of a message.
+            self.content_check = ContentCheck::new();
+        }
+        if self.message.len().saturating_add(chunk_size) > self.config.max_message_size {
+            tracing::info!(peer = %self.peer, chunk_size, "BDAT rejected: larger than SIZE limit");
+            let refusal = Refusal::keep_open(self.too_big_reply());
+            return self.refuse_chunk(chunk_size, is_last, refusal);
+        }
+        // No memory for the announced size: the buffer grows with the bytes
+        // that actually arrive (see `bdat_bytes`).
+        self.state = State::Bdat {
+            left: chunk_size,
+            is_last,
+        };
+        None
+    }
+
     pub(super) fn data_bytes(&mut self, mut receiver: DataReceiver) -> Option<Action> {
         let pending = self.input.len() - self.consumed;
         if let Err(e) = self.make_room(pending) {
@@ -135,12 +211,7 @@ impl Session {
 
     /// Fails the BDAT transaction; the chunk's `left` bytes are swallowed
     /// before the reply.
-    pub(super) fn refuse_chunk(
-        &mut self,
-        left: usize,
-        is_last: bool,
-        refusal: Refusal,
-    ) -> Option<Action> {
+    fn refuse_chunk(&mut self, left: usize, is_last: bool, refusal: Refusal) -> Option<Action> {
         if is_last || refusal.close {
             self.reset_transaction();
         } else {
@@ -222,4 +293,13 @@ impl Session {
             }
         }
     }
+}
+
+/// A receiver that knows a line just ended (the DATA command's CRLF), so a
+/// `.` on the very first line is seen: `.\r\n` at once is an empty message
+/// rather than content, and a stuffed `..` first line is unstuffed.
+fn data_receiver() -> DataReceiver {
+    let mut receiver = DataReceiver::new();
+    receiver.ingest(&mut b"\r\n".iter(), &mut Vec::new());
+    receiver
 }
