@@ -8,7 +8,8 @@ use std::time::Duration;
 use base64::Engine;
 use serde::Deserialize;
 
-use super::{Problems, parse_duration, resolve};
+use super::check::Problems;
+use super::{parse_duration, resolve};
 use crate::event_type::EventType;
 
 /// The spec's schedule: immediately, then 5 s, 5 min, 30 min, 2 h, 5 h,
@@ -152,11 +153,7 @@ fn check_url(url: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub(super) fn validate_webhooks(
-    raw: &[RawWebhook],
-    base: &Path,
-    p: &mut Problems,
-) -> Vec<WebhookEndpoint> {
+pub(super) fn check(raw: &[RawWebhook], base: &Path, p: &mut Problems) -> Vec<WebhookEndpoint> {
     let mut names = HashSet::new();
     let mut out = Vec::new();
     for (i, w) in raw.iter().enumerate() {
