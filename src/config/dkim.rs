@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::{Problems, check_label, resolve};
+use super::check::Problems;
+use super::resolve;
+use super::users::check_label;
 use crate::dkim::{self, DomainSigner};
 
 #[derive(Debug, Deserialize)]
@@ -36,7 +38,7 @@ pub struct RawDkim {
 
 /// `workspaces`: every workspace of the config's `[[user]]` and
 /// `[[trusted_network]]` entries.
-pub(super) fn validate_dkim(
+pub(super) fn check(
     raw: &[RawDkim],
     base: &Path,
     workspaces: &BTreeSet<&str>,
@@ -89,6 +91,30 @@ pub(super) fn validate_dkim(
         }
     }
     out
+}
+
+/// A key header is removed from the relayed copy (only
+/// X-Bird-Idempotency-Key goes on): a signature over one would break.
+/// X-Bird-Idempotency-Key itself is refused by the signer's own check.
+pub(super) fn check_unsigned_key_headers(
+    dkim: &[RawDkim],
+    key_headers: &[String],
+    p: &mut Problems,
+) {
+    for (i, d) in dkim.iter().enumerate() {
+        for (j, h) in d.headers.iter().flatten().enumerate() {
+            let is_key = key_headers.iter().any(|k| k.eq_ignore_ascii_case(h));
+            if is_key && !h.eq_ignore_ascii_case("X-Bird-Idempotency-Key") {
+                p.add(
+                    format!("dkim[{i}].headers[{j}]"),
+                    format!(
+                        "{h} cannot be signed: it is in [idempotency] key_headers, \
+                         so the relayed copy leaves it out"
+                    ),
+                );
+            }
+        }
+    }
 }
 
 /// The workspaces entry `d` signs for (empty: every one, allowed only when

@@ -1,12 +1,12 @@
-//! `[http]` (the HTTP submission and status API) and `[[user]]
-//! api_key_hash`.
+//! `[http]`: the HTTP submission and status API's listener (its keys are
+//! `[[user]] api_key_hash`, in `users.rs`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::Problems;
+use super::check::Problems;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -42,7 +42,7 @@ pub struct HttpSettings {
     pub min_body_rate: u64,
 }
 
-pub(super) fn validate_http(
+pub(super) fn check(
     raw: Option<&RawHttp>,
     has_tls: bool,
     p: &mut Problems,
@@ -77,19 +77,4 @@ pub(super) fn validate_http(
         body_timeout,
         min_body_rate: raw.min_body_rate,
     })
-}
-
-/// `api_key_hash`: the SHA-256 of the token, 64 hex digits, as
-/// `smtp-once new-api-key` prints it.
-pub(super) fn parse_api_key_hash(value: &str) -> Result<[u8; 32], String> {
-    let bytes = value.as_bytes();
-    if bytes.len() != 64 {
-        return Err("must be 64 hexadecimal digits (from `smtp-once new-api-key`)".into());
-    }
-    let mut out = [0u8; 32];
-    for (i, pair) in bytes.chunks(2).enumerate() {
-        let text = std::str::from_utf8(pair).map_err(|_| "not hexadecimal".to_owned())?;
-        out[i] = u8::from_str_radix(text, 16).map_err(|_| "not hexadecimal".to_owned())?;
-    }
-    Ok(out)
 }

@@ -4,7 +4,8 @@
 
 use serde_path_to_error::Segment;
 
-use super::{Problems, RawConfig};
+use super::RawConfig;
+use super::check::Problems;
 
 /// More passes than this and the file is not worth listing further.
 const MAX_STRUCTURAL_PROBLEMS: usize = 100;
@@ -275,5 +276,12 @@ mode = "pigeon"
             "{problems:?}"
         );
         assert!(Config::from_toml(Path::new("/tmp/x.toml"), VALID).is_ok());
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let text = "[server]\nhostname = \"h\"\ndata_dir = \"d\"\nmax_mesage_size = 1\n";
+        let err = Config::from_toml(Path::new("x.toml"), text).unwrap_err();
+        assert!(err.to_string().contains("max_mesage_size"), "{err}");
     }
 }

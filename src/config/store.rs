@@ -7,17 +7,17 @@ use std::str::FromStr;
 
 use serde::Deserialize;
 
-use super::{Problems, resolve};
+use super::check::Problems;
+use super::resolve;
 
+/// Every key is optional: the defaults are `RawStore::default()`.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct RawStore {
-    #[serde(default = "default_backend")]
     pub backend: String,
     /// libpq-style URL, `postgres://user@host:port/db?sslmode=require`.
     pub url: Option<String>,
     /// Connections per node (the writer's included).
-    #[serde(default = "default_pool_size")]
     pub pool_size: usize,
     /// Trust roots for the database's certificate (default: the system's).
     pub ca_file: Option<PathBuf>,
@@ -26,19 +26,12 @@ pub struct RawStore {
 impl Default for RawStore {
     fn default() -> Self {
         Self {
-            backend: default_backend(),
+            backend: "sqlite".into(),
             url: None,
-            pool_size: default_pool_size(),
+            pool_size: 8,
             ca_file: None,
         }
     }
-}
-
-fn default_backend() -> String {
-    "sqlite".into()
-}
-fn default_pool_size() -> usize {
-    8
 }
 
 /// `[store]`, validated.
@@ -56,7 +49,7 @@ pub struct PostgresSettings {
     pub ca_file: Option<PathBuf>,
 }
 
-pub(super) fn validate_store(raw: &RawStore, base: &Path, p: &mut Problems) -> StoreBackend {
+pub(super) fn check(raw: &RawStore, base: &Path, p: &mut Problems) -> StoreBackend {
     match raw.backend.as_str() {
         "sqlite" => {
             if raw.url.is_some() {

@@ -8,7 +8,8 @@ use std::time::Duration;
 use base64::Engine;
 use serde::Deserialize;
 
-use super::{Problems, parse_duration, resolve};
+use super::check::Problems;
+use super::{parse_duration, resolve};
 use crate::event_type::EventType;
 
 /// The spec's schedule: immediately, then 5 s, 5 min, 30 min, 2 h, 5 h,
@@ -152,11 +153,7 @@ fn check_url(url: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub(super) fn validate_webhooks(
-    raw: &[RawWebhook],
-    base: &Path,
-    p: &mut Problems,
-) -> Vec<WebhookEndpoint> {
+pub(super) fn check(raw: &[RawWebhook], base: &Path, p: &mut Problems) -> Vec<WebhookEndpoint> {
     let mut names = HashSet::new();
     let mut out = Vec::new();
     for (i, w) in raw.iter().enumerate() {
@@ -177,33 +174,11 @@ pub(super) fn validate_webhooks(
                 ),
             );
         }
-        let mut secrets = Vec::new();
-        match parse_secret(&w.secret) {
-            Ok(s) => secrets.push(s),
-            Err(e) => p.add(key("secret"), e),
-        }
-        for (j, s) in w.previous_secrets.iter().enumerate() {
-            match parse_secret(s) {
-                Ok(s) => secrets.push(s),
-                Err(e) => p.add(format!("webhook[{i}].previous_secrets[{j}]"), e),
-            }
-        }
-        let events = w.events.as_ref().map(|names| {
-            names
-                .iter()
-                .filter_map(|n| {
-                    let t = EventType::parse(n);
-                    if t.is_none() {
-                        let known: Vec<_> = EventType::ALL.iter().map(|t| t.as_str()).collect();
-                        p.add(
-                            key("events"),
-                            format!("{n:?} is not one of {}", known.join(", ")),
-                        );
-                    }
-                    t
-                })
-                .collect::<Vec<_>>()
-        });
+        let secrets = check_secrets(w, i, p);
+        let events = w
+            .events
+            .as_ref()
+            .map(|names| check_events(names, &key("events"), p));
         let timeout = p.duration(&key("timeout"), &w.timeout);
         if timeout.is_zero() {
             p.add(key("timeout"), "must be greater than 0");
@@ -212,24 +187,7 @@ pub(super) fn validate_webhooks(
             p.add(key("max_in_flight"), "must be between 1 and 1024");
         }
         let disable_after = p.duration(&key("disable_after"), &w.disable_after);
-        let schedule_text: Vec<String> = match &w.retry_schedule {
-            Some(s) => s.clone(),
-            None => DEFAULT_RETRY_SCHEDULE
-                .iter()
-                .map(|s| (*s).to_owned())
-                .collect(),
-        };
-        if schedule_text.is_empty() {
-            p.add(key("retry_schedule"), "needs at least one entry");
-        }
-        let retry_schedule = schedule_text
-            .iter()
-            .filter_map(|s| {
-                parse_duration(s)
-                    .map_err(|e| p.add(key("retry_schedule"), e))
-                    .ok()
-            })
-            .collect();
+        let retry_schedule = check_retry_schedule(w, &key("retry_schedule"), p);
         let ca_file = w.ca_file.as_ref().map(|f| resolve(base, f));
         if let Some(f) = &ca_file
             && let Err(e) = crate::tls::load_roots(f)
@@ -250,6 +208,54 @@ pub(super) fn validate_webhooks(
         });
     }
     out
+}
+
+/// `secret`, then `previous_secrets`, decoded: the current one first.
+fn check_secrets(w: &RawWebhook, i: usize, p: &mut Problems) -> Vec<Vec<u8>> {
+    let mut secrets = Vec::new();
+    match parse_secret(&w.secret) {
+        Ok(s) => secrets.push(s),
+        Err(e) => p.add(format!("webhook[{i}].secret"), e),
+    }
+    for (j, s) in w.previous_secrets.iter().enumerate() {
+        match parse_secret(s) {
+            Ok(s) => secrets.push(s),
+            Err(e) => p.add(format!("webhook[{i}].previous_secrets[{j}]"), e),
+        }
+    }
+    secrets
+}
+
+fn check_events(names: &[String], key: &str, p: &mut Problems) -> Vec<EventType> {
+    names
+        .iter()
+        .filter_map(|n| {
+            let t = EventType::parse(n);
+            if t.is_none() {
+                let known: Vec<_> = EventType::ALL.iter().map(|t| t.as_str()).collect();
+                p.add(key, format!("{n:?} is not one of {}", known.join(", ")));
+            }
+            t
+        })
+        .collect()
+}
+
+/// `retry_schedule`, or the spec's when it is not set.
+fn check_retry_schedule(w: &RawWebhook, key: &str, p: &mut Problems) -> Vec<Duration> {
+    let schedule_text: Vec<String> = match &w.retry_schedule {
+        Some(s) => s.clone(),
+        None => DEFAULT_RETRY_SCHEDULE
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect(),
+    };
+    if schedule_text.is_empty() {
+        p.add(key, "needs at least one entry");
+    }
+    schedule_text
+        .iter()
+        .filter_map(|s| parse_duration(s).map_err(|e| p.add(key, e)).ok())
+        .collect()
 }
 
 #[cfg(test)]

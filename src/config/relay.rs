@@ -1,0 +1,321 @@
+//! `[relay]`: where accepted mail goes (`Relay`: a folder, a smarthost or
+//! the recipients' MX hosts) and how the delivery worker runs (`Delivery`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::check::Problems;
+use super::listener::{TlsMode, parse_tls_mode};
+use super::resolve;
+
+/// Every key is optional: the defaults are `RawRelay::default()`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawRelay {
+    pub mode: String,
+    pub dir: Option<PathBuf>,
+    pub smarthost: Option<String>,
+    pub tls: Option<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// Smarthost: PEM file of the certificates to trust instead of the
+    /// system's roots (e.g. a private CA, or the dev certificate in tests).
+    pub ca_file: Option<PathBuf>,
+    /// Smarthost: skip certificate verification. Loopback testing only.
+    pub insecure_skip_verify: bool,
+    /// Waits after a failed attempt: the n-th deferral waits the n-th entry,
+    /// later ones the last entry.
+    pub retry_schedule: Vec<String>,
+    /// Age at which a still-deferred recipient expires (and bounces).
+    pub max_age: String,
+    /// How long delivered, failed and expired messages stay in the queue
+    /// (for `status`) before the worker removes them and their bodies.
+    pub keep_finished: String,
+    /// Messages delivered at the same time, in total.
+    pub workers: usize,
+    /// Concurrent transactions to one destination (smarthost or MX domain).
+    pub max_per_destination: usize,
+    /// Open connections kept per destination between transactions
+    /// (default: max_per_destination).
+    pub pool_size: Option<usize>,
+    /// Accept and queue, deliver nothing (maintenance, or measuring
+    /// acceptance alone); the queue is delivered once unset and restarted.
+    pub paused: bool,
+    /// Messages sent over one outbound connection before it is closed
+    /// (1: a new connection for every message).
+    pub max_messages_per_connection: usize,
+    /// An open outbound connection unused this long is closed.
+    pub connection_idle_timeout: String,
+    /// How long a claimed message belongs to the worker that claimed it.
+    pub lease: String,
+    /// How often the worker looks for newly accepted messages.
+    pub poll_interval: String,
+    /// Per SMTP command (connect, each reply, the message transfer).
+    pub timeout: String,
+    /// The port MX hosts are contacted on (25; another one only for tests).
+    pub mx_port: u16,
+    /// TEST ONLY: sleep this long after the next hop answered DATA and
+    /// before recording the outcome, so a test can kill the process there.
+    pub delivery_test_pause_after_send: Option<String>,
+}
+
+impl Default for RawRelay {
+    fn default() -> Self {
+        Self {
+            mode: "file".into(),
+            dir: None,
+            smarthost: None,
+            tls: None,
+            username: None,
+            password: None,
+            ca_file: None,
+            insecure_skip_verify: false,
+            // Roughly doubling, capped at 4h: quick recovery from a blip,
+            // little load on a host that is down for long.
+            retry_schedule: ["1m", "2m", "4m", "8m", "16m", "32m", "1h", "2h", "4h"]
+                .map(String::from)
+                .to_vec(),
+            max_age: "5d".into(),
+            keep_finished: "7d".into(),
+            // Postfix's own defaults (default_process_limit, and
+            // default_destination_concurrency_limit): enough to keep a
+            // local smarthost busy on 2 cores, still polite to a remote MX.
+            workers: 100,
+            max_per_destination: 20,
+            pool_size: None,
+            paused: false,
+            max_messages_per_connection: 100,
+            connection_idle_timeout: "30s".into(),
+            lease: "30m".into(),
+            poll_interval: "1s".into(),
+            timeout: "5m".into(),
+            mx_port: 25,
+            delivery_test_pause_after_send: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum Relay {
+    File {
+        dir: PathBuf,
+    },
+    Smarthost {
+        host: String,
+        tls: TlsMode,
+        username: Option<String>,
+        password: Option<String>,
+    },
+    Mx,
+}
+
+/// How the delivery worker runs, whatever the relay mode.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub retry_schedule: Vec<Duration>,
+    pub max_age: Duration,
+    pub keep_finished: Duration,
+    pub workers: usize,
+    pub max_per_destination: usize,
+    pub pool_size: usize,
+    pub paused: bool,
+    pub max_messages_per_connection: usize,
+    pub connection_idle_timeout: Duration,
+    pub lease: Duration,
+    pub poll_interval: Duration,
+    pub timeout: Duration,
+    pub mx_port: u16,
+    /// Certificate check for a smarthost reached over TLS.
+    pub smarthost_trust: TlsTrust,
+    /// TEST ONLY (`relay.delivery_test_pause_after_send`).
+    pub test_pause_after_send: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsTrust {
+    /// The operating system's trust store.
+    System,
+    /// Only the certificates in this PEM file.
+    CaFile(PathBuf),
+    /// No verification at all (loopback testing).
+    InsecureSkipVerify,
+}
+
+/// `mode` and what it needs. After a problem the relay is `Mx`, a stand-in
+/// for a config that is refused anyway.
+pub(super) fn check_relay(r: &RawRelay, base: &Path, p: &mut Problems) -> Relay {
+    match r.mode.as_str() {
+        "file" => match &r.dir {
+            Some(dir) => Relay::File {
+                dir: resolve(base, dir),
+            },
+            None => {
+                p.add("relay.dir", "required when relay.mode = \"file\"");
+                Relay::Mx
+            }
+        },
+        "smarthost" => {
+            let tls = r
+                .tls
+                .as_deref()
+                .map_or(Some(TlsMode::StartTls), parse_tls_mode);
+            if tls.is_none() {
+                p.add("relay.tls", "must be none, starttls or implicit");
+            }
+            match &r.smarthost {
+                Some(host) => Relay::Smarthost {
+                    host: host.clone(),
+                    tls: tls.unwrap_or(TlsMode::StartTls),
+                    username: r.username.clone(),
+                    password: r.password.clone(),
+                },
+                None => {
+                    p.add(
+                        "relay.smarthost",
+                        "required when relay.mode = \"smarthost\"",
+                    );
+                    Relay::Mx
+                }
+            }
+        }
+        "mx" => Relay::Mx,
+        other => {
+            p.add(
+                "relay.mode",
+                format!("{other:?} must be file, smarthost or mx"),
+            );
+            Relay::Mx
+        }
+    }
+}
+
+pub(super) fn check_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Delivery {
+    let retry_schedule = check_retry_schedule(&r.retry_schedule, p);
+    let max_age = p.duration("relay.max_age", &r.max_age);
+    let keep_finished = p.duration("relay.keep_finished", &r.keep_finished);
+    let lease = p.duration("relay.lease", &r.lease);
+    let poll_interval = p.duration("relay.poll_interval", &r.poll_interval);
+    let timeout = p.duration("relay.timeout", &r.timeout);
+    let connection_idle_timeout =
+        p.duration("relay.connection_idle_timeout", &r.connection_idle_timeout);
+    for (key, d) in [
+        ("relay.connection_idle_timeout", connection_idle_timeout),
+        ("relay.max_age", max_age),
+        ("relay.keep_finished", keep_finished),
+        ("relay.poll_interval", poll_interval),
+        ("relay.timeout", timeout),
+    ] {
+        if d.is_zero() {
+            p.add(key, "must be greater than 0");
+        }
+    }
+    // A delivery is cut off at half the lease, so the lease must leave
+    // room for at least a couple of SMTP round trips.
+    if lease < timeout * 2 {
+        p.add("relay.lease", "must be at least twice relay.timeout");
+    }
+    check_counts(r, p);
+    let smarthost_trust = check_smarthost_trust(r, base, p);
+    if r.username.is_some() != r.password.is_some() {
+        p.add(
+            "relay.password",
+            "relay.username and relay.password go together",
+        );
+    }
+    if let (Some(host), "smarthost") = (&r.smarthost, r.mode.as_str())
+        && let Err(e) = crate::net::split_host_port(host, 25)
+    {
+        p.add("relay.smarthost", e);
+    }
+    let test_pause_after_send = r
+        .delivery_test_pause_after_send
+        .as_deref()
+        .map_or(Duration::ZERO, |d| {
+            p.duration("relay.delivery_test_pause_after_send", d)
+        });
+    Delivery {
+        retry_schedule,
+        max_age,
+        keep_finished,
+        workers: r.workers,
+        max_per_destination: r.max_per_destination,
+        pool_size: r.pool_size.unwrap_or(r.max_per_destination),
+        paused: r.paused,
+        max_messages_per_connection: r.max_messages_per_connection,
+        connection_idle_timeout,
+        lease,
+        poll_interval,
+        timeout,
+        mx_port: r.mx_port,
+        smarthost_trust,
+        test_pause_after_send,
+    }
+}
+
+fn check_retry_schedule(schedule: &[String], p: &mut Problems) -> Vec<Duration> {
+    if schedule.is_empty() {
+        p.add("relay.retry_schedule", "needs at least one duration");
+    }
+    schedule
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let key = format!("relay.retry_schedule[{i}]");
+            let d = p.duration(&key, d);
+            if d.is_zero() {
+                p.add(key, "must be greater than 0");
+            }
+            d
+        })
+        .collect()
+}
+
+/// The worker's counts, and the port: each sizes something (semaphores,
+/// pools) that zero or a huge number would break.
+fn check_counts(r: &RawRelay, p: &mut Problems) {
+    if r.workers == 0 {
+        p.add("relay.workers", "must be greater than 0");
+    }
+    if r.max_per_destination == 0 {
+        p.add("relay.max_per_destination", "must be greater than 0");
+    }
+    p.at_most_permits("relay.workers", r.workers);
+    p.at_most_permits("relay.max_per_destination", r.max_per_destination);
+    if let Some(size) = r.pool_size {
+        p.at_most_permits("relay.pool_size", size);
+    }
+    if r.max_messages_per_connection == 0 {
+        p.add(
+            "relay.max_messages_per_connection",
+            "must be greater than 0",
+        );
+    }
+    if r.mx_port == 0 {
+        p.add("relay.mx_port", "must be a port number");
+    }
+}
+
+/// `ca_file` (loaded, so a bad file is named here) or
+/// `insecure_skip_verify`, not both.
+fn check_smarthost_trust(r: &RawRelay, base: &Path, p: &mut Problems) -> TlsTrust {
+    match (&r.ca_file, r.insecure_skip_verify) {
+        (Some(_), true) => {
+            p.add(
+                "relay.insecure_skip_verify",
+                "cannot be combined with relay.ca_file",
+            );
+            TlsTrust::System
+        }
+        (Some(file), false) => {
+            let file = resolve(base, file);
+            if let Err(e) = crate::tls::load_roots(&file) {
+                p.add("relay.ca_file", e);
+            }
+            TlsTrust::CaFile(file)
+        }
+        (None, true) => TlsTrust::InsecureSkipVerify,
+        (None, false) => TlsTrust::System,
+    }
+}
