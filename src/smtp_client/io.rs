@@ -35,7 +35,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
     let mut buf = vec![0u8; 4096];
     let mut message_started = None;
     loop {
-        let done = match txn.next() {
+        let done = match txn.poll() {
             Step::Commands(commands) => {
                 timed(timeouts.command, async {
                     write(stream, &commands).await?;
@@ -143,4 +143,96 @@ async fn timed<T>(
     tokio::time::timeout(limit, work)
         .await
         .map_err(|_| ClientError::Timeout)?
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    use super::*;
+    use crate::smtp_client::transaction::{Body, Options, Outcome};
+
+    /// A server over an in-memory pipe that answers each line from
+    /// `answers` (the message lines get none until the dot), and returns
+    /// every byte it read.
+    async fn scripted(
+        server: tokio::io::DuplexStream,
+        answers: &'static [&'static str],
+    ) -> Vec<u8> {
+        let (read, mut write) = tokio::io::split(server);
+        let mut read = BufReader::new(read);
+        let mut seen = Vec::new();
+        let mut answers = answers.iter();
+        let mut in_message = false;
+        loop {
+            let mut line = Vec::new();
+            if read.read_until(b'\n', &mut line).await.unwrap_or(0) == 0 {
+                return seen;
+            }
+            seen.extend_from_slice(&line);
+            if in_message && line != b".\r\n" {
+                continue;
+            }
+            let Some(answer) = answers.next() else {
+                return seen;
+            };
+            in_message = answer.starts_with("354");
+            if write.write_all(answer.as_bytes()).await.is_err() {
+                return seen;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn one_command_at_a_time_over_a_stream() {
+        let (mut client, server) = tokio::io::duplex(1024);
+        let server = tokio::spawn(scripted(
+            server,
+            &[
+                "250 ok\r\n",
+                "550 5.1.1 no\r\n",
+                "250 ok\r\n",
+                "354 go\r\n",
+                "250 queued\r\n",
+            ],
+        ));
+        let rcpts = vec!["a@x".to_string(), "b@x".to_string()];
+        let options = Options {
+            pipelining: false,
+            all_or_nothing: false,
+        };
+        let txn = Transaction::new("s@y", "", &rcpts, Body::Raw(b".m\r\n"), options);
+        let timeouts = Timeouts {
+            command: Duration::from_secs(5),
+            final_reply: Duration::from_secs(5),
+        };
+        let run = run(&mut client, txn, timeouts).await;
+        assert!(matches!(run.finished.outcome, Outcome::Sent(ref r) if r.code == 250));
+        assert!(run.message_started.is_some());
+        drop(client);
+        let seen = server.await.expect("server task");
+        assert_eq!(
+            String::from_utf8_lossy(&seen),
+            "MAIL FROM:<s@y>\r\nRCPT TO:<a@x>\r\nRCPT TO:<b@x>\r\nDATA\r\n..m\r\n.\r\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_silent_server_times_out_at_the_reply_owed() {
+        let (mut client, _server) = tokio::io::duplex(1024);
+        let rcpts = vec!["a@x".to_string()];
+        let txn = Transaction::new("s@y", "", &rcpts, Body::Raw(b"m\r\n"), Options::default());
+        let timeouts = Timeouts {
+            command: Duration::from_millis(50),
+            final_reply: Duration::from_millis(50),
+        };
+        let run = run(&mut client, txn, timeouts).await;
+        assert!(matches!(
+            run.finished.outcome,
+            Outcome::Lost {
+                stage: Stage::Mail,
+                error: ClientError::Timeout
+            }
+        ));
+    }
 }

@@ -1,5 +1,5 @@
 //! One SMTP client transaction as a state machine with no I/O: it says
-//! which bytes to write next ([`Transaction::next`]), takes the bytes the
+//! which bytes to write next ([`Transaction::poll`]), takes the bytes the
 //! server wrote back ([`Transaction::handle_input`]) or the news that the
 //! connection failed ([`Transaction::handle_error`]), and ends with an
 //! [`Outcome`] and every recipient's own reply. `io::run` drives it over a
@@ -125,9 +125,10 @@ pub struct Transaction<'a> {
     options: Options,
     recipients: &'a [String],
     body: Body<'a>,
-    /// Commands not yet handed out.
+    /// Commands not yet handed out, and the stages they will owe.
     commands: Vec<u8>,
-    /// The stages whose replies are owed, in order.
+    queued: Vec<Stage>,
+    /// The stages whose replies are owed by commands handed out, in order.
     awaited: VecDeque<Stage>,
     reader: ReplyReader,
     rcpt_replies: Vec<Option<Reply>>,
@@ -160,6 +161,7 @@ impl<'a> Transaction<'a> {
             recipients,
             body,
             commands: Vec::new(),
+            queued: Vec::new(),
             awaited: VecDeque::new(),
             reader: ReplyReader::default(),
             rcpt_replies: vec![None; recipients.len()],
@@ -184,7 +186,7 @@ impl<'a> Transaction<'a> {
 
     fn queue(&mut self, command: &[u8], stage: Stage) {
         self.commands.extend_from_slice(command);
-        self.awaited.push_back(stage);
+        self.queued.push(stage);
     }
 
     fn queue_rcpt(&mut self, index: usize) {
@@ -200,8 +202,9 @@ impl<'a> Transaction<'a> {
     }
 
     /// What to do next. Call again after each step is carried out.
-    pub fn next(&mut self) -> Step<'_> {
+    pub fn poll(&mut self) -> Step<'_> {
         if !self.commands.is_empty() {
+            self.awaited.extend(self.queued.drain(..));
             return Step::Commands(std::mem::take(&mut self.commands));
         }
         if self.state == State::Message {
@@ -235,14 +238,7 @@ impl<'a> Transaction<'a> {
     /// Bytes the server wrote. Bytes past the replies owed are dropped, as
     /// mail-send does: a server may not speak out of turn.
     pub fn handle_input(&mut self, mut bytes: &[u8]) {
-        // Only replies to commands already written: one a reply queues
-        // cannot have been answered yet.
-        let mut owed = self.awaited.len();
-        while owed > 0 {
-            let Some(&stage) = self.awaited.front() else {
-                return;
-            };
-            owed -= 1;
+        while let Some(&stage) = self.awaited.front() {
             match self.reader.next(&mut bytes) {
                 Ok(Some(reply)) => {
                     self.awaited.pop_front();
@@ -265,6 +261,7 @@ impl<'a> Transaction<'a> {
         };
         self.awaited.clear();
         self.commands.clear();
+        self.queued.clear();
         self.state = State::Done;
         if self.outcome.is_none() {
             self.outcome = Some(Outcome::Lost { stage, error });

@@ -17,7 +17,7 @@ const ONE_BY_ONE: Options = Options {
 };
 
 fn commands(txn: &mut Transaction<'_>) -> String {
-    match txn.next() {
+    match txn.poll() {
         Step::Commands(c) => String::from_utf8(c).expect("ASCII commands"),
         other => panic!("expected commands, got {other:?}"),
     }
@@ -26,14 +26,14 @@ fn commands(txn: &mut Transaction<'_>) -> String {
 /// Every block of the message, joined.
 fn message(txn: &mut Transaction<'_>) -> Vec<u8> {
     let mut out = Vec::new();
-    while let Step::Message(block) = txn.next() {
+    while let Step::Message(block) = txn.poll() {
         out.extend_from_slice(block);
     }
     out
 }
 
 fn finished(txn: &mut Transaction<'_>) -> Finished {
-    match txn.next() {
+    match txn.poll() {
         Step::Done(f) => f,
         other => panic!("expected the end, got {other:?}"),
     }
@@ -68,7 +68,7 @@ fn pipelined_group_is_one_write_and_each_recipient_keeps_its_reply() {
     txn.handle_input(b"4 go ahead\r\n");
     assert!(!txn.wants_reply());
     assert_eq!(message(&mut txn), b"..hi\r\nthere\r\n.\r\n");
-    assert!(matches!(txn.next(), Step::Await(Stage::FinalReply)));
+    assert!(matches!(txn.poll(), Step::Await(Stage::FinalReply)));
     txn.handle_input(b"250-2.0.0 Idempotency-Replay: true\r\n");
     txn.handle_input(b"250 2.0.0 Ok: queued as 01AB\r\n");
     let f = finished(&mut txn);
@@ -92,7 +92,10 @@ fn without_pipelining_each_command_waits_for_its_reply() {
     assert_eq!(commands(&mut txn), "MAIL FROM:<s@y>\r\n");
     assert!(txn.wants_reply());
     txn.handle_input(b"250 ok\r\n");
+    // The RCPT is not written yet: no reply is owed until it is.
+    assert!(!txn.wants_reply());
     assert_eq!(commands(&mut txn), "RCPT TO:<a@x>\r\n");
+    assert!(txn.wants_reply());
     txn.handle_input(b"450 4.2.0 later\r\n");
     assert_eq!(commands(&mut txn), "RCPT TO:<b@x>\r\n");
     txn.handle_input(b"250 ok\r\n");
@@ -261,7 +264,7 @@ fn a_failure_writing_the_last_block_is_a_failed_transfer_not_a_missing_reply() {
     let mut txn = Transaction::new("s@y", "", &rcpts, Body::Raw(b"m\r\n"), PIPELINED);
     commands(&mut txn);
     txn.handle_input(b"250 ok\r\n250 ok\r\n354 go\r\n");
-    assert!(matches!(txn.next(), Step::Message(b"m\r\n.\r\n")));
+    assert!(matches!(txn.poll(), Step::Message(b"m\r\n.\r\n")));
     txn.handle_error(ClientError::Timeout);
     let f = finished(&mut txn);
     assert!(matches!(
@@ -299,7 +302,7 @@ fn a_large_message_goes_in_blocks_and_a_stuffed_one_as_it_is() {
     commands(&mut txn);
     txn.handle_input(b"250 ok\r\n250 ok\r\n354 go\r\n");
     let mut sizes = Vec::new();
-    while let Step::Message(block) = txn.next() {
+    while let Step::Message(block) = txn.poll() {
         sizes.push(block.len());
     }
     assert_eq!(sizes, [MESSAGE_BLOCK, MESSAGE_BLOCK, 10 + 5]);
