@@ -274,83 +274,115 @@ async fn transaction<S: AsyncRead + AsyncWrite + Unpin>(
         final_reply: timeout * 2,
     };
     let run = io::run(stream, txn, timeouts).await;
-    let finished = run.finished;
+    let (results, after) = results_of(rcpts, &run.finished);
+    match after {
+        After::Done { reusable } => Transaction::done(results, reusable),
+        After::Reset => Transaction::done(results, reset(stream, timeout).await),
+        After::LostBeforeData => Transaction::lost_before_data(results),
+    }
+}
+
+/// What becomes of the session once the results are known.
+#[derive(Debug, PartialEq, Eq)]
+enum After {
+    Done {
+        reusable: bool,
+    },
+    /// RSET: reusable if it is answered 2xx.
+    Reset,
+    /// The connection failed before any byte of the message was written.
+    LostBeforeData,
+}
+
+/// Every recipient's result from a finished transaction: those the next
+/// hop refused first, each with its own reply, then the others.
+fn results_of(rcpts: &[String], finished: &Finished) -> (Vec<RcptResult>, After) {
     let all = |names: &[String], status, why: &str| RcptResult::all(names, status, why, None);
     let lost = |stage: &str, e: &ClientError| format!("{stage}: {e}");
+    // The refused, and the rest sharing one status and reply.
+    let rest = |status, why: &str| {
+        let (mut results, others) = split(rcpts, finished, None);
+        results.extend(all(&others, status, why));
+        results
+    };
     match &finished.outcome {
-        Outcome::MailRefused(r) if r.code == CLOSING => {
-            Transaction::lost_before_data(all(rcpts, Status::Deferred, &format_reply(r)))
-        }
+        Outcome::MailRefused(r) if r.code == CLOSING => (
+            all(rcpts, Status::Deferred, &format_reply(r)),
+            After::LostBeforeData,
+        ),
         Outcome::MailRefused(r) => {
-            let clean = reset(stream, timeout).await;
             // 530: the next hop wants AUTH we did not do. That is our
             // configuration to fix, not the sender's mail to bounce.
-            let status = if r.code == 530 {
-                Status::Deferred
-            } else {
-                status_of(r.code)
+            let status = match r.code {
+                530 => Status::Deferred,
+                code => status_of(code),
             };
-            Transaction::done(all(rcpts, status, &format_reply(r)), clean)
+            (all(rcpts, status, &format_reply(r)), After::Reset)
         }
         Outcome::Lost {
             stage: Stage::Mail,
             error,
-        } => Transaction::lost_before_data(all(rcpts, Status::Deferred, &lost("MAIL FROM", error))),
+        } => (
+            all(rcpts, Status::Deferred, &lost("MAIL FROM", error)),
+            After::LostBeforeData,
+        ),
         // Only a 421 stops the recipients here: the rest must be retried.
         Outcome::RcptRefused { index, reply } => {
-            let (mut results, open) = split(rcpts, &finished, Some(*index));
+            let (mut results, open) = split(rcpts, finished, Some(*index));
             results.extend(all(&open, Status::Deferred, &format_reply(reply)));
-            Transaction::lost_before_data(results)
+            (results, After::LostBeforeData)
         }
         Outcome::Lost {
             stage: Stage::Rcpt(_),
             error,
-        } => {
-            let (mut results, open) = split(rcpts, &finished, None);
-            results.extend(all(&open, Status::Deferred, &lost("RCPT TO", error)));
-            Transaction::lost_before_data(results)
-        }
+        } => (
+            rest(Status::Deferred, &lost("RCPT TO", error)),
+            After::LostBeforeData,
+        ),
         // A next hop that opened DATA anyway got an empty message ended at
         // once, and no trust; so does one that failed to answer it.
-        Outcome::NoRecipients { data: Some(r) } if r.code == 354 => {
-            Transaction::done(split(rcpts, &finished, None).0, false)
-        }
+        Outcome::NoRecipients { data: Some(r) } if r.code == 354 => (
+            split(rcpts, finished, None).0,
+            After::Done { reusable: false },
+        ),
         Outcome::Lost {
             stage: Stage::EmptyMessage,
             ..
-        } => Transaction::done(split(rcpts, &finished, None).0, false),
-        Outcome::NoRecipients { .. } => {
-            let clean = reset(stream, timeout).await;
-            Transaction::done(split(rcpts, &finished, None).0, clean)
-        }
+        } => (
+            split(rcpts, finished, None).0,
+            After::Done { reusable: false },
+        ),
+        Outcome::NoRecipients { .. } => (split(rcpts, finished, None).0, After::Reset),
         Outcome::Lost {
             stage: Stage::Data,
             error,
         } => {
-            let (mut results, accepted) = split(rcpts, &finished, None);
-            if accepted.is_empty() {
-                // The pipelined DATA of a transaction with no recipient.
-                return Transaction::done(results, false);
+            // No recipient accepted: the pipelined DATA of an empty
+            // transaction went unanswered.
+            if !(0..rcpts.len()).any(|i| finished.accepted(i)) {
+                return (
+                    split(rcpts, finished, None).0,
+                    After::Done { reusable: false },
+                );
             }
-            results.extend(all(&accepted, Status::Deferred, &lost("DATA", error)));
-            Transaction::lost_before_data(results)
+            (
+                rest(Status::Deferred, &lost("DATA", error)),
+                After::LostBeforeData,
+            )
         }
-        Outcome::DataRefused(r) => {
-            let (mut results, accepted) = split(rcpts, &finished, None);
-            let why = format_reply(r);
-            if r.code == CLOSING {
-                results.extend(all(&accepted, Status::Deferred, &why));
-                return Transaction::lost_before_data(results);
-            }
-            // Anything but 354 means the message was not sent; a stray 2xx
-            // must not count as delivered, nor the session be trusted.
-            let (status, clean) = match status_of(r.code) {
-                Status::Delivered => (Status::Deferred, false),
-                other => (other, reset(stream, timeout).await),
-            };
-            results.extend(all(&accepted, status, &why));
-            Transaction::done(results, clean)
-        }
+        Outcome::DataRefused(r) if r.code == CLOSING => (
+            rest(Status::Deferred, &format_reply(r)),
+            After::LostBeforeData,
+        ),
+        // Anything but 354 means the message was not sent; a stray 2xx must
+        // not count as delivered, nor the session be trusted.
+        Outcome::DataRefused(r) => match status_of(r.code) {
+            Status::Delivered => (
+                rest(Status::Deferred, &format_reply(r)),
+                After::Done { reusable: false },
+            ),
+            status => (rest(status, &format_reply(r)), After::Reset),
+        },
         // From here on the next hop may end up with the message: a failure
         // is recorded as deferred and never retried on another connection
         // in this attempt (only the idempotency key makes a resend
@@ -358,25 +390,23 @@ async fn transaction<S: AsyncRead + AsyncWrite + Unpin>(
         Outcome::Lost {
             stage: Stage::Message,
             error,
-        } => {
-            let (mut results, accepted) = split(rcpts, &finished, None);
-            let why = lost("message transfer", error);
-            results.extend(all(&accepted, Status::Deferred, &why));
-            Transaction::done(results, false)
-        }
+        } => (
+            rest(Status::Deferred, &lost("message transfer", error)),
+            After::Done { reusable: false },
+        ),
         Outcome::Lost {
             stage: Stage::FinalReply,
             error,
-        } => {
-            let (mut results, accepted) = split(rcpts, &finished, None);
-            results.extend(all(&accepted, Status::Deferred, &lost("after DATA", error)));
-            Transaction::done(results, false)
-        }
-        Outcome::Sent(r) => {
-            let (mut results, accepted) = split(rcpts, &finished, None);
-            results.extend(all(&accepted, status_of(r.code), &format_reply(r)));
-            Transaction::done(results, r.code != CLOSING)
-        }
+        } => (
+            rest(Status::Deferred, &lost("after DATA", error)),
+            After::Done { reusable: false },
+        ),
+        Outcome::Sent(r) => (
+            rest(status_of(r.code), &format_reply(r)),
+            After::Done {
+                reusable: r.code != CLOSING,
+            },
+        ),
     }
 }
 
@@ -399,4 +429,92 @@ fn split(
         }
     }
     (refused, others)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::smtp_client::reply::Reply;
+
+    fn reply(code: u16) -> Reply {
+        Reply {
+            code,
+            esc: [0, 0, 0],
+            message: "x".into(),
+        }
+    }
+
+    fn rcpts() -> Vec<String> {
+        vec!["a@x".into(), "b@x".into(), "c@x".into()]
+    }
+
+    fn statuses(results: &[RcptResult]) -> Vec<(&str, Status)> {
+        results
+            .iter()
+            .map(|r| (r.recipient.as_str(), r.status))
+            .collect()
+    }
+
+    #[test]
+    fn the_refused_keep_their_reply_and_the_rest_share_the_final_one() {
+        let finished = Finished {
+            outcome: Outcome::Sent(reply(250)),
+            rcpt_replies: vec![Some(reply(250)), Some(reply(550)), Some(reply(450))],
+        };
+        let (results, after) = results_of(&rcpts(), &finished);
+        assert_eq!(
+            statuses(&results),
+            [
+                ("b@x", Status::Failed),
+                ("c@x", Status::Deferred),
+                ("a@x", Status::Delivered)
+            ]
+        );
+        assert_eq!(after, After::Done { reusable: true });
+    }
+
+    #[test]
+    fn a_421_to_a_recipient_defers_it_and_every_one_not_refused() {
+        let finished = Finished {
+            outcome: Outcome::RcptRefused {
+                index: 1,
+                reply: reply(421),
+            },
+            rcpt_replies: vec![Some(reply(550)), Some(reply(421)), None],
+        };
+        let (results, after) = results_of(&rcpts(), &finished);
+        assert_eq!(
+            statuses(&results),
+            [
+                ("a@x", Status::Failed),
+                ("b@x", Status::Deferred),
+                ("c@x", Status::Deferred)
+            ]
+        );
+        assert_eq!(after, After::LostBeforeData);
+    }
+
+    #[test]
+    fn a_stray_2xx_to_data_is_no_delivery_and_no_trust() {
+        let finished = Finished {
+            outcome: Outcome::DataRefused(reply(250)),
+            rcpt_replies: vec![Some(reply(250)); 3],
+        };
+        let (results, after) = results_of(&rcpts(), &finished);
+        assert!(results.iter().all(|r| r.status == Status::Deferred));
+        assert_eq!(after, After::Done { reusable: false });
+    }
+
+    #[test]
+    fn a_refused_mail_is_reset_and_530_is_ours_to_fix() {
+        for (code, status) in [(550, Status::Failed), (530, Status::Deferred)] {
+            let finished = Finished {
+                outcome: Outcome::MailRefused(reply(code)),
+                rcpt_replies: vec![None; 3],
+            };
+            let (results, after) = results_of(&rcpts(), &finished);
+            assert!(results.iter().all(|r| r.status == status));
+            assert_eq!(after, After::Reset);
+        }
+    }
 }
