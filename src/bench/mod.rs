@@ -97,7 +97,7 @@ pub enum BenchError {
     Tls(#[from] rustls::Error),
     #[error("timed out waiting for {0}")]
     Timeout(&'static str),
-    #[error("connection closed by server")]
+    #[error("connection closed by server or unparseable reply")]
     Closed,
     #[error("server does not offer STARTTLS")]
     NoStartTls,
@@ -539,16 +539,14 @@ fn build_shared(args: &BenchArgs) -> Result<Shared, BenchError> {
         }
         None => None,
     };
-    let (mail_cmd, rcpt_cmd, pipelined_cmds) = SessionConfig::commands(&args.from, &args.to);
     let session = SessionConfig {
         addr: args.server.clone(),
         server_name: tls::server_name(host)?,
         tls,
         connector,
         auth_line,
-        mail_cmd,
-        rcpt_cmd,
-        pipelined_cmds,
+        from: args.from.clone(),
+        to: vec![args.to.clone()],
     };
     // With a chosen key prefix the messages are fully determined by it, so
     // a second run with the same prefix measures replays.

@@ -1,25 +1,32 @@
-//! Minimal SMTP client: session setup (EHLO, STARTTLS / implicit TLS, AUTH
-//! PLAIN) and one pipelined MAIL/RCPT/DATA transaction at a time.
+//! The bench's SMTP client: session setup by hand (EHLO, STARTTLS or
+//! implicit TLS, AUTH PLAIN) on `smtp_client::io`'s commands, then
+//! `smtp_client`'s transaction, pipelined when offered, one at a time.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rustls_pki_types::ServerName;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 use super::BenchError;
+use crate::smtp_client::io::{self as client_io, Timeouts};
+use crate::smtp_client::reply::{self, Reply as FullReply};
+use crate::smtp_client::transaction::{Body, CLOSING, Options, Outcome, Transaction};
+use crate::smtp_client::{ClientError, format_reply};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Generous: a loaded server on the same 2 cores may stall for a while.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
-/// Guards against a broken server making us buffer without bound.
-const MAX_REPLY_BYTES: usize = 64 * 1024;
+const TIMEOUTS: Timeouts = Timeouts {
+    command: REPLY_TIMEOUT,
+    final_reply: REPLY_TIMEOUT,
+};
 const EHLO_NAME: &str = "bench.smtp-once.invalid";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,22 +44,9 @@ pub(super) struct SessionConfig {
     pub(super) connector: Option<TlsConnector>,
     /// Complete "AUTH PLAIN <base64>\r\n" line.
     pub(super) auth_line: Option<Vec<u8>>,
-    pub(super) mail_cmd: Vec<u8>,
-    pub(super) rcpt_cmd: Vec<u8>,
-    /// MAIL + RCPT + DATA in one buffer for a single pipelined write.
-    pub(super) pipelined_cmds: Vec<u8>,
-}
-
-impl SessionConfig {
-    pub(super) fn commands(from: &str, to: &str) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
-        let mail = format!("MAIL FROM:<{from}>\r\n").into_bytes();
-        let rcpt = format!("RCPT TO:<{to}>\r\n").into_bytes();
-        let mut all = Vec::with_capacity(mail.len() + rcpt.len() + 6);
-        all.extend_from_slice(&mail);
-        all.extend_from_slice(&rcpt);
-        all.extend_from_slice(b"DATA\r\n");
-        (mail, rcpt, all)
-    }
+    pub(super) from: String,
+    /// The one recipient.
+    pub(super) to: Vec<String>,
 }
 
 /// Plain TCP or TLS; an enum instead of `Box<dyn>` so STARTTLS can take the
@@ -102,7 +96,7 @@ impl AsyncWrite for Stream {
     }
 }
 
-/// One parsed (possibly multi-line) reply. The text stays in `Conn::reply`.
+/// One reply as the bench counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Reply {
     pub(super) code: u16,
@@ -111,8 +105,11 @@ pub(super) struct Reply {
 }
 
 impl Reply {
-    fn positive(self) -> bool {
-        (200..300).contains(&self.code)
+    fn of(r: &FullReply) -> Self {
+        Self {
+            code: r.code,
+            replay: contains_replay_marker(r.message.as_bytes()),
+        }
     }
 }
 
@@ -129,10 +126,18 @@ pub(super) struct TxnResult {
     pub(super) closing: bool,
 }
 
+impl From<ClientError> for BenchError {
+    fn from(e: ClientError) -> Self {
+        match e {
+            ClientError::Io(e) => BenchError::Io(e),
+            ClientError::Timeout => BenchError::Timeout("server reply"),
+            ClientError::NoReply => BenchError::Closed,
+        }
+    }
+}
+
 pub(super) struct Conn {
-    io: BufReader<Stream>,
-    /// Text of the last reply read (all lines), reused across replies.
-    reply: Vec<u8>,
+    stream: Stream,
     pipelining: bool,
 }
 
@@ -153,68 +158,49 @@ impl Conn {
             Stream::Plain(tcp)
         };
         let mut conn = Conn {
-            io: BufReader::with_capacity(16 * 1024, stream),
-            reply: Vec::with_capacity(512),
+            stream,
             pipelining: false,
         };
-        conn.expect("greeting", 220).await?;
-        conn.ehlo().await?;
+        conn.expect("greeting", b"", 220).await?;
+        let ehlo = conn.ehlo().await?;
 
         if cfg.tls == TlsMode::StartTls {
-            if !conn.has_capability("STARTTLS") {
+            if !reply::offers(&ehlo, "STARTTLS") {
                 return Err(BenchError::NoStartTls);
             }
-            conn.send(b"STARTTLS\r\n").await?;
-            conn.expect("STARTTLS", 220).await?;
-            // Anything already buffered was sent before the handshake and
-            // must not be trusted (CVE-2011-0411-style injection).
-            if !conn.io.buffer().is_empty() {
+            let answer =
+                client_io::exchange(&mut conn.stream, b"STARTTLS\r\n", REPLY_TIMEOUT).await?;
+            if answer.reply.code != 220 {
+                return Err(unexpected("STARTTLS", &answer.reply));
+            }
+            // Anything sent along with the reply came before the handshake
+            // and must not be trusted (CVE-2011-0411-style injection).
+            if answer.trailing {
                 return Err(BenchError::Protocol(
                     "server sent data after the STARTTLS reply".into(),
                 ));
             }
-            let tcp = match conn.io.into_inner() {
-                Stream::Plain(tcp) => tcp,
-                Stream::Tls(_) => {
-                    return Err(BenchError::Protocol("STARTTLS on a TLS stream".into()));
-                }
+            let Stream::Plain(tcp) = conn.stream else {
+                return Err(BenchError::Protocol("STARTTLS on a TLS stream".into()));
             };
             conn = Conn {
-                io: BufReader::with_capacity(
-                    16 * 1024,
-                    Stream::Tls(Box::new(handshake(cfg, tcp).await?)),
-                ),
-                reply: conn.reply,
+                stream: Stream::Tls(Box::new(handshake(cfg, tcp).await?)),
                 pipelining: false,
             };
             conn.ehlo().await?;
         }
 
         if let Some(line) = &cfg.auth_line {
-            conn.send(line).await?;
-            conn.expect("AUTH PLAIN", 235).await?;
+            conn.expect("AUTH PLAIN", line, 235).await?;
         }
         Ok(conn)
     }
 
-    async fn ehlo(&mut self) -> Result<(), BenchError> {
-        self.send(format!("EHLO {EHLO_NAME}\r\n").as_bytes())
-            .await?;
-        self.expect("EHLO", 250).await?;
-        self.pipelining = self.has_capability("PIPELINING");
-        Ok(())
-    }
-
-    /// Looks for `keyword` as the first word of any line of the last reply.
-    fn has_capability(&self, keyword: &str) -> bool {
-        self.reply.split(|&b| b == b'\n').any(|line| {
-            let line = line.get(4..).unwrap_or(&[]);
-            let word_end = line
-                .iter()
-                .position(|b| b.is_ascii_whitespace())
-                .unwrap_or(line.len());
-            line[..word_end].eq_ignore_ascii_case(keyword.as_bytes())
-        })
+    async fn ehlo(&mut self) -> Result<FullReply, BenchError> {
+        let command = format!("EHLO {EHLO_NAME}\r\n");
+        let reply = self.expect("EHLO", command.as_bytes(), 250).await?;
+        self.pipelining = reply::offers(&reply, "PIPELINING");
+        Ok(reply)
     }
 
     /// Sends one message: MAIL/RCPT/DATA (pipelined when offered), then the
@@ -224,142 +210,73 @@ impl Conn {
         cfg: &SessionConfig,
         payload: &[u8],
     ) -> Result<TxnResult, BenchError> {
-        let (mail, rcpt, data) = if self.pipelining {
-            self.send(&cfg.pipelined_cmds).await?;
-            let mail = self.read_reply().await?;
-            let rcpt = self.read_reply().await?;
-            let data = self.read_reply().await?;
-            (mail, rcpt, data)
-        } else {
-            self.send(&cfg.mail_cmd).await?;
-            let mail = self.read_reply().await?;
-            if !mail.positive() {
-                return Ok(rejected(mail));
-            }
-            self.send(&cfg.rcpt_cmd).await?;
-            let rcpt = self.read_reply().await?;
-            if !rcpt.positive() {
-                self.rset().await?;
-                return Ok(rejected(rcpt));
-            }
-            self.send(b"DATA\r\n").await?;
-            let data = self.read_reply().await?;
-            (mail, rcpt, data)
+        let options = Options {
+            pipelining: self.pipelining,
+            all_or_nothing: false,
         };
-
-        let envelope_ok = mail.positive() && rcpt.positive();
-        if data.code == 354 && envelope_ok {
-            let start = Instant::now();
-            self.send(payload).await?;
-            let reply = self.read_reply().await?;
-            return Ok(TxnResult {
-                reply,
-                latency: Some(start.elapsed()),
-                closing: reply.code == 421,
-            });
+        let txn = Transaction::new(&cfg.from, "", &cfg.to, Body::Stuffed(payload), options);
+        let run = client_io::run(&mut self.stream, txn, TIMEOUTS).await;
+        match run.finished.outcome {
+            Outcome::Sent(r) => Ok(TxnResult {
+                reply: Reply::of(&r),
+                latency: run.message_started.map(|start| start.elapsed()),
+                closing: r.code == CLOSING,
+            }),
+            Outcome::Lost { error, .. } => Err(error.into()),
+            // No transaction open: nothing to reset.
+            Outcome::MailRefused(r) => Ok(rejected(&r)),
+            // A 421 to RCPT: reset only when each command waited for its
+            // reply (as the bench always did).
+            Outcome::RcptRefused { reply, .. } => {
+                if !self.pipelining {
+                    self.rset().await?;
+                }
+                Ok(rejected(&reply))
+            }
+            Outcome::NoRecipients { .. } => {
+                self.rset().await?;
+                let refusal = run.finished.rcpt_replies.into_iter().flatten().next();
+                let refusal = refusal.ok_or(BenchError::Closed)?;
+                Ok(rejected(&refusal))
+            }
+            Outcome::DataRefused(r) if r.code == CLOSING => Ok(rejected(&r)),
+            Outcome::DataRefused(r) => {
+                // Clear the open transaction before the next MAIL.
+                self.rset().await?;
+                Ok(rejected(&r))
+            }
         }
-
-        // Some envelope step failed. Report the first failure.
-        let failed = [mail, rcpt, data]
-            .into_iter()
-            .find(|r| !r.positive() && r.code != 354)
-            .unwrap_or(data);
-        if failed.code == 421 {
-            return Ok(rejected(failed));
-        }
-        if data.code == 354 {
-            // RFC 2920 3.1: DATA was accepted without valid recipients; an
-            // empty message must still be terminated.
-            self.send(b".\r\n").await?;
-            self.read_reply().await?;
-        }
-        if mail.positive() {
-            // Clear the open transaction before the next MAIL.
-            self.rset().await?;
-        }
-        Ok(rejected(failed))
     }
 
     async fn rset(&mut self) -> Result<(), BenchError> {
-        self.send(b"RSET\r\n").await?;
-        self.expect("RSET", 250).await.map(drop)
+        self.expect("RSET", b"RSET\r\n", 250).await.map(drop)
     }
 
     /// Best-effort polite goodbye; errors are irrelevant at this point.
     pub(super) async fn quit(mut self) {
-        if self.send(b"QUIT\r\n").await.is_ok() {
-            let _ = timeout(Duration::from_secs(2), self.read_reply_inner()).await;
-        }
-        let _ = self.io.get_mut().shutdown().await;
+        let _ = client_io::command(&mut self.stream, b"QUIT\r\n", Duration::from_secs(2)).await;
+        let _ = self.stream.shutdown().await;
     }
 
-    async fn send(&mut self, bytes: &[u8]) -> Result<(), BenchError> {
-        let io = self.io.get_mut();
-        io.write_all(bytes).await?;
-        // No-op for TCP; pushes pending TLS records.
-        io.flush().await?;
-        Ok(())
-    }
-
-    async fn expect(&mut self, what: &'static str, code: u16) -> Result<Reply, BenchError> {
-        let reply = self.read_reply().await?;
+    /// Sends `command` (none: just read) and requires `code` back.
+    async fn expect(
+        &mut self,
+        what: &'static str,
+        command: &[u8],
+        code: u16,
+    ) -> Result<FullReply, BenchError> {
+        let reply = client_io::command(&mut self.stream, command, REPLY_TIMEOUT).await?;
         if reply.code != code {
-            return Err(BenchError::UnexpectedReply {
-                command: what,
-                reply: String::from_utf8_lossy(&self.reply).trim_end().to_string(),
-            });
+            return Err(unexpected(what, &reply));
         }
         Ok(reply)
     }
+}
 
-    pub(super) async fn read_reply(&mut self) -> Result<Reply, BenchError> {
-        timeout(REPLY_TIMEOUT, self.read_reply_inner())
-            .await
-            .map_err(|_| BenchError::Timeout("server reply"))?
-    }
-
-    async fn read_reply_inner(&mut self) -> Result<Reply, BenchError> {
-        self.reply.clear();
-        loop {
-            let line_start = self.reply.len();
-            self.read_line().await?;
-            let line = &self.reply[line_start..];
-            let code = parse_code(line).ok_or_else(|| {
-                BenchError::Protocol(format!(
-                    "malformed reply line {:?}",
-                    String::from_utf8_lossy(line).trim_end()
-                ))
-            })?;
-            // "250-" continues; "250 " or a bare "250" ends the reply.
-            if line.get(3) != Some(&b'-') {
-                return Ok(Reply {
-                    code,
-                    replay: contains_replay_marker(&self.reply),
-                });
-            }
-        }
-    }
-
-    /// Appends one line (including "\n") to `self.reply`, reading as needed.
-    async fn read_line(&mut self) -> Result<(), BenchError> {
-        loop {
-            let buf = self.io.fill_buf().await?;
-            if buf.is_empty() {
-                return Err(BenchError::Closed);
-            }
-            let (take, done) = match buf.iter().position(|&b| b == b'\n') {
-                Some(i) => (i + 1, true),
-                None => (buf.len(), false),
-            };
-            self.reply.extend_from_slice(&buf[..take]);
-            self.io.consume(take);
-            if done {
-                return Ok(());
-            }
-            if self.reply.len() > MAX_REPLY_BYTES {
-                return Err(BenchError::Protocol("reply too long".into()));
-            }
-        }
+fn unexpected(command: &'static str, reply: &FullReply) -> BenchError {
+    BenchError::UnexpectedReply {
+        command,
+        reply: format_reply(reply),
     }
 }
 
@@ -380,28 +297,12 @@ async fn handshake(
     Ok(tls)
 }
 
-fn rejected(reply: Reply) -> TxnResult {
+fn rejected(reply: &FullReply) -> TxnResult {
     TxnResult {
-        reply,
+        reply: Reply::of(reply),
         latency: None,
-        closing: reply.code == 421,
+        closing: reply.code == CLOSING,
     }
-}
-
-fn parse_code(line: &[u8]) -> Option<u16> {
-    let digits = line.get(..3)?;
-    if !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    match line.get(3) {
-        None | Some(b' ' | b'-' | b'\r' | b'\n') => {}
-        Some(_) => return None,
-    }
-    Some(
-        digits
-            .iter()
-            .fold(0u16, |acc, d| acc * 10 + u16::from(d - b'0')),
-    )
 }
 
 pub(super) fn contains_replay_marker(reply: &[u8]) -> bool {
@@ -414,16 +315,6 @@ pub(super) fn contains_replay_marker(reply: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn codes() {
-        assert_eq!(parse_code(b"250 ok\r\n"), Some(250));
-        assert_eq!(parse_code(b"250-x\r\n"), Some(250));
-        assert_eq!(parse_code(b"250\r\n"), Some(250));
-        assert_eq!(parse_code(b"25x ok\r\n"), None);
-        assert_eq!(parse_code(b"2500\r\n"), None);
-        assert_eq!(parse_code(b"25"), None);
-    }
 
     #[test]
     fn replay_marker() {

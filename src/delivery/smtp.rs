@@ -3,21 +3,25 @@
 //! recipient's own reply ([`Session::transact`]), as many as the pool
 //! sends on the session, and QUIT. mail-send's `send` stops at
 //! the first refused recipient and its DATA adds a blank line to a message
-//! that already ends in CRLF, so the transaction is written here.
+//! that already ends in CRLF, so the transaction is `smtp_client`'s; this
+//! file turns its outcome into each recipient's result.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use mail_send::{Credentials, SmtpClient};
-use smtp_proto::response::parser::ResponseReceiver;
-use smtp_proto::{EXT_PIPELINING, EXT_START_TLS, EhloResponse, Response};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use smtp_proto::{EXT_PIPELINING, EXT_START_TLS, EhloResponse};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 use super::{RcptResult, Status};
-use crate::smtp_client::{describe, format_reply, mail_params, send_content};
+use crate::smtp_client::io::{self, Timeouts};
+use crate::smtp_client::transaction::{
+    self as client, Body, CLOSING, Finished, Options, Outcome, Stage,
+};
+use crate::smtp_client::{ClientError, describe, format_reply, mail_params};
 
 #[derive(Clone)]
 pub struct ClientSettings {
@@ -206,9 +210,6 @@ impl Transaction {
     }
 }
 
-/// 421: the next hop is closing the connection (RFC 5321 3.8).
-const CLOSING: u16 = 421;
-
 impl Session {
     /// One transaction; every recipient gets its own result. The session
     /// stays open: the caller keeps it for the next message or [`quit`]s.
@@ -223,10 +224,10 @@ impl Session {
     ) -> Transaction {
         match self {
             Session::Plain(c, caps) => {
-                transaction(c, caps, from, recipients, content, timeout).await
+                transaction(&mut c.stream, caps, from, recipients, content, timeout).await
             }
             Session::Tls(c, caps) => {
-                transaction(c.as_mut(), caps, from, recipients, content, timeout).await
+                transaction(&mut c.stream, caps, from, recipients, content, timeout).await
             }
         }
     }
@@ -247,225 +248,273 @@ async fn quit<T: AsyncRead + AsyncWrite + Unpin>(c: &mut SmtpClient<T>) {
 
 /// RSET after a transaction that stopped half way; true if the session is
 /// clean again.
-async fn reset<T: AsyncRead + AsyncWrite + Unpin>(c: &mut SmtpClient<T>) -> bool {
-    matches!(c.cmd(b"RSET\r\n").await, Ok(r) if (200..300).contains(&r.code))
+async fn reset<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, timeout: Duration) -> bool {
+    matches!(io::command(stream, b"RSET\r\n", timeout).await, Ok(r) if (200..300).contains(&r.code))
 }
 
-/// The replies to MAIL and RCPT: already read as a pipelined group, or
-/// one command at a time.
-enum Replies {
-    /// The replies read, and why the rest were not.
-    Pipelined(
-        std::vec::IntoIter<Response<String>>,
-        Option<mail_send::Error>,
-    ),
-    OneByOne,
-}
-
-impl Replies {
-    async fn next<T: AsyncRead + AsyncWrite + Unpin>(
-        &mut self,
-        c: &mut SmtpClient<T>,
-        command: String,
-    ) -> Result<Response<String>, mail_send::Error> {
-        match self {
-            Replies::Pipelined(replies, error) => replies
-                .next()
-                .ok_or_else(|| error.take().unwrap_or(mail_send::Error::UnparseableReply)),
-            Replies::OneByOne => c.cmd(command).await,
-        }
-    }
-}
-
-/// Writes `group` at once and reads a reply per command. Unlike
-/// mail-send's `cmds`, the replies read before a failure are kept, so a
-/// 421 to MAIL keeps its words when the next hop then hangs up.
-async fn pipelined<T: AsyncRead + AsyncWrite + Unpin>(
-    c: &mut SmtpClient<T>,
-    group: &[String],
-) -> (Vec<Response<String>>, Option<mail_send::Error>) {
-    let mut got = Vec::with_capacity(group.len());
-    let timeout = c.timeout;
-    let run = async {
-        for command in group {
-            c.stream.write_all(command.as_bytes()).await?;
-        }
-        c.stream.flush().await?;
-        let mut buf = vec![0u8; 4096];
-        let mut parser = ResponseReceiver::default();
-        while got.len() < group.len() {
-            let n = c.stream.read(&mut buf).await?;
-            if n == 0 {
-                return Err(mail_send::Error::UnparseableReply);
-            }
-            let mut bytes = buf[..n].iter();
-            while got.len() < group.len() {
-                match parser.parse(&mut bytes) {
-                    Ok(reply) => {
-                        got.push(reply);
-                        parser.reset();
-                    }
-                    Err(smtp_proto::Error::NeedsMoreData { .. }) => break,
-                    Err(_) => return Err(mail_send::Error::UnparseableReply),
-                }
-            }
-        }
-        Ok(())
-    };
-    let error = match tokio::time::timeout(timeout, run).await {
-        Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(e),
-        Err(_) => Some(mail_send::Error::Timeout),
-    };
-    (got, error)
-}
-
-async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
-    c: &mut SmtpClient<T>,
+async fn transaction<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     caps: &EhloResponse<String>,
     from: &str,
     rcpts: &[String],
     content: &[u8],
     timeout: Duration,
 ) -> Transaction {
-    let lost = |rcpts: &[String], stage: &str, e: &mail_send::Error| {
-        RcptResult::all(
-            rcpts,
-            Status::Deferred,
-            &format!("{stage}: {}", describe(e)),
-            None,
-        )
-    };
     let params = mail_params(caps, from, rcpts, content);
-    let mail = format!("MAIL FROM:<{from}>{params}\r\n");
-    let mut replies = if caps.has_capability(EXT_PIPELINING) {
-        // RFC 2920: MAIL, every RCPT and DATA in one write, then their
-        // replies in order: one round trip instead of two. The content
-        // waits for them, so none is sent to a transaction that lost its
-        // recipients (the next hop refuses DATA without one).
-        let mut group = vec![mail.clone()];
-        group.extend(rcpts.iter().map(|r| format!("RCPT TO:<{r}>\r\n")));
-        group.push("DATA\r\n".into());
-        let (got, error) = pipelined(c, &group).await;
-        Replies::Pipelined(got.into_iter(), error)
-    } else {
-        Replies::OneByOne
+    let options = Options {
+        pipelining: caps.has_capability(EXT_PIPELINING),
+        all_or_nothing: false,
     };
-    match replies.next(c, mail).await {
-        Ok(r) if (200..300).contains(&r.code) => {}
-        Ok(r) if r.code == CLOSING => {
-            let why = format_reply(&r);
-            return Transaction::lost_before_data(RcptResult::all(
-                rcpts,
-                Status::Deferred,
-                &why,
-                None,
-            ));
-        }
-        Ok(r) => {
-            let clean = reset(c).await;
-            // 530: the next hop wants AUTH we did not do. That is our
-            // configuration to fix, not the sender's mail to bounce.
-            let status = if r.code == 530 {
-                Status::Deferred
-            } else {
-                status_of(r.code)
-            };
-            let results = RcptResult::all(rcpts, status, &format_reply(&r), None);
-            return Transaction::done(results, clean);
-        }
-        Err(e) => return Transaction::lost_before_data(lost(rcpts, "MAIL FROM", &e)),
-    }
-    let mut results = Vec::with_capacity(rcpts.len());
-    let mut accepted: Vec<String> = Vec::with_capacity(rcpts.len());
-    // Refused ones keep their reply; the rest must be retried.
-    let unanswered = |results: &[RcptResult]| -> Vec<String> {
-        let done: Vec<&str> = results.iter().map(|r| r.recipient.as_str()).collect();
-        rcpts
-            .iter()
-            .filter(|r| !done.contains(&r.as_str()))
-            .cloned()
-            .collect()
-    };
-    for rcpt in rcpts {
-        match replies.next(c, format!("RCPT TO:<{rcpt}>\r\n")).await {
-            Ok(r) if (200..300).contains(&r.code) => accepted.push(rcpt.clone()),
-            Ok(r) if r.code == CLOSING => {
-                let open = unanswered(&results);
-                let why = format_reply(&r);
-                results.extend(RcptResult::all(&open, Status::Deferred, &why, None));
-                return Transaction::lost_before_data(results);
-            }
-            Ok(r) => results.push(RcptResult::new(rcpt, status_of(r.code), format_reply(&r))),
-            Err(e) => {
-                let open = unanswered(&results);
-                results.extend(lost(&open, "RCPT TO", &e));
-                return Transaction::lost_before_data(results);
-            }
-        }
-    }
-    if accepted.is_empty() {
-        if let Replies::Pipelined(..) = replies {
-            // DATA went out with the group. A next hop that answers it with
-            // 354 anyway gets an empty message ended at once, and no trust.
-            match replies.next(c, String::new()).await {
-                Ok(r) if r.code == 354 => {
-                    let _ = c.cmd(b".\r\n").await;
-                    return Transaction::done(results, false);
-                }
-                Ok(_) => {}
-                Err(_) => return Transaction::done(results, false),
-            }
-        }
-        let clean = reset(c).await;
-        return Transaction::done(results, clean);
-    }
-    match replies.next(c, "DATA\r\n".into()).await {
-        Ok(r) if r.code == 354 => {}
-        Ok(r) if r.code == CLOSING => {
-            let why = format_reply(&r);
-            results.extend(RcptResult::all(&accepted, Status::Deferred, &why, None));
-            return Transaction::lost_before_data(results);
-        }
-        Ok(r) => {
-            // Anything but 354 means the message was not sent; a stray 2xx
-            // must not count as delivered, nor the session be trusted.
-            let (status, clean) = match status_of(r.code) {
-                Status::Delivered => (Status::Deferred, false),
-                other => (other, reset(c).await),
-            };
-            results.extend(RcptResult::all(&accepted, status, &format_reply(&r), None));
-            return Transaction::done(results, clean);
-        }
-        Err(e) => {
-            results.extend(lost(&accepted, "DATA", &e));
-            return Transaction::lost_before_data(results);
-        }
-    }
-    // From here on the next hop may end up with the message: a failure is
-    // recorded as deferred and never retried on another connection in
-    // this attempt (only the idempotency key makes a resend harmless).
-    if let Err(e) = send_content(&mut c.stream, content, timeout).await {
-        results.extend(lost(&accepted, "message transfer", &e));
-        return Transaction::done(results, false);
-    }
+    let txn = client::Transaction::new(from, &params, rcpts, Body::Raw(content), options);
     // RFC 5321 4.5.3.2.6: the reply to the final dot may take 10 minutes;
     // this is the moment a lost reply could duplicate a message, which the
     // idempotency key covers.
-    let reusable = match tokio::time::timeout(timeout * 2, c.read()).await {
-        Ok(Ok(r)) => {
-            let why = format_reply(&r);
-            results.extend(RcptResult::all(&accepted, status_of(r.code), &why, None));
-            r.code != CLOSING
-        }
-        Ok(Err(e)) => {
-            results.extend(lost(&accepted, "after DATA", &e));
-            false
-        }
-        Err(_) => {
-            results.extend(lost(&accepted, "after DATA", &mail_send::Error::Timeout));
-            false
-        }
+    let timeouts = Timeouts {
+        command: timeout,
+        final_reply: timeout * 2,
     };
-    Transaction::done(results, reusable)
+    let run = io::run(stream, txn, timeouts).await;
+    let (results, after) = results_of(rcpts, &run.finished);
+    match after {
+        After::Done { reusable } => Transaction::done(results, reusable),
+        After::Reset => Transaction::done(results, reset(stream, timeout).await),
+        After::LostBeforeData => Transaction::lost_before_data(results),
+    }
+}
+
+/// What becomes of the session once the results are known.
+#[derive(Debug, PartialEq, Eq)]
+enum After {
+    Done {
+        reusable: bool,
+    },
+    /// RSET: reusable if it is answered 2xx.
+    Reset,
+    /// The connection failed before any byte of the message was written.
+    LostBeforeData,
+}
+
+/// Every recipient's result from a finished transaction: those the next
+/// hop refused first, each with its own reply, then the others.
+fn results_of(rcpts: &[String], finished: &Finished) -> (Vec<RcptResult>, After) {
+    let all = |names: &[String], status, why: &str| RcptResult::all(names, status, why, None);
+    let lost = |stage: &str, e: &ClientError| format!("{stage}: {e}");
+    // The refused, and the rest sharing one status and reply.
+    let rest = |status, why: &str| {
+        let (mut results, others) = split(rcpts, finished, None);
+        results.extend(all(&others, status, why));
+        results
+    };
+    match &finished.outcome {
+        Outcome::MailRefused(r) if r.code == CLOSING => (
+            all(rcpts, Status::Deferred, &format_reply(r)),
+            After::LostBeforeData,
+        ),
+        Outcome::MailRefused(r) => {
+            // 530: the next hop wants AUTH we did not do. That is our
+            // configuration to fix, not the sender's mail to bounce.
+            let status = match r.code {
+                530 => Status::Deferred,
+                code => status_of(code),
+            };
+            (all(rcpts, status, &format_reply(r)), After::Reset)
+        }
+        Outcome::Lost {
+            stage: Stage::Mail,
+            error,
+        } => (
+            all(rcpts, Status::Deferred, &lost("MAIL FROM", error)),
+            After::LostBeforeData,
+        ),
+        // Only a 421 stops the recipients here: the rest must be retried.
+        Outcome::RcptRefused { index, reply } => {
+            let (mut results, open) = split(rcpts, finished, Some(*index));
+            results.extend(all(&open, Status::Deferred, &format_reply(reply)));
+            (results, After::LostBeforeData)
+        }
+        Outcome::Lost {
+            stage: Stage::Rcpt(_),
+            error,
+        } => (
+            rest(Status::Deferred, &lost("RCPT TO", error)),
+            After::LostBeforeData,
+        ),
+        // A next hop that opened DATA anyway got an empty message ended at
+        // once, and no trust; so does one that failed to answer it.
+        Outcome::NoRecipients { data: Some(r) } if r.code == 354 => (
+            split(rcpts, finished, None).0,
+            After::Done { reusable: false },
+        ),
+        Outcome::Lost {
+            stage: Stage::EmptyMessage,
+            ..
+        } => (
+            split(rcpts, finished, None).0,
+            After::Done { reusable: false },
+        ),
+        Outcome::NoRecipients { .. } => (split(rcpts, finished, None).0, After::Reset),
+        Outcome::Lost {
+            stage: Stage::Data,
+            error,
+        } => {
+            // No recipient accepted: the pipelined DATA of an empty
+            // transaction went unanswered.
+            if !(0..rcpts.len()).any(|i| finished.accepted(i)) {
+                return (
+                    split(rcpts, finished, None).0,
+                    After::Done { reusable: false },
+                );
+            }
+            (
+                rest(Status::Deferred, &lost("DATA", error)),
+                After::LostBeforeData,
+            )
+        }
+        Outcome::DataRefused(r) if r.code == CLOSING => (
+            rest(Status::Deferred, &format_reply(r)),
+            After::LostBeforeData,
+        ),
+        // Anything but 354 means the message was not sent; a stray 2xx must
+        // not count as delivered, nor the session be trusted.
+        Outcome::DataRefused(r) => match status_of(r.code) {
+            Status::Delivered => (
+                rest(Status::Deferred, &format_reply(r)),
+                After::Done { reusable: false },
+            ),
+            status => (rest(status, &format_reply(r)), After::Reset),
+        },
+        // From here on the next hop may end up with the message: a failure
+        // is recorded as deferred and never retried on another connection
+        // in this attempt (only the idempotency key makes a resend
+        // harmless).
+        Outcome::Lost {
+            stage: Stage::Message,
+            error,
+        } => (
+            rest(Status::Deferred, &lost("message transfer", error)),
+            After::Done { reusable: false },
+        ),
+        Outcome::Lost {
+            stage: Stage::FinalReply,
+            error,
+        } => (
+            rest(Status::Deferred, &lost("after DATA", error)),
+            After::Done { reusable: false },
+        ),
+        Outcome::Sent(r) => (
+            rest(status_of(r.code), &format_reply(r)),
+            After::Done {
+                reusable: r.code != CLOSING,
+            },
+        ),
+    }
+}
+
+/// The recipients the next hop refused, each with its own reply, and the
+/// others (accepted, or never answered) in envelope order. `open`: a
+/// refusal that counts among the others (the 421 that stopped them).
+fn split(
+    rcpts: &[String],
+    finished: &Finished,
+    open: Option<usize>,
+) -> (Vec<RcptResult>, Vec<String>) {
+    let mut refused = Vec::new();
+    let mut others = Vec::new();
+    for (index, rcpt) in rcpts.iter().enumerate() {
+        match finished.rcpt_replies.get(index) {
+            Some(Some(r)) if !(200..300).contains(&r.code) && open != Some(index) => {
+                refused.push(RcptResult::new(rcpt, status_of(r.code), format_reply(r)));
+            }
+            _ => others.push(rcpt.clone()),
+        }
+    }
+    (refused, others)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::smtp_client::reply::Reply;
+
+    fn reply(code: u16) -> Reply {
+        Reply {
+            code,
+            esc: [0, 0, 0],
+            message: "x".into(),
+        }
+    }
+
+    fn rcpts() -> Vec<String> {
+        vec!["a@x".into(), "b@x".into(), "c@x".into()]
+    }
+
+    fn statuses(results: &[RcptResult]) -> Vec<(&str, Status)> {
+        results
+            .iter()
+            .map(|r| (r.recipient.as_str(), r.status))
+            .collect()
+    }
+
+    #[test]
+    fn the_refused_keep_their_reply_and_the_rest_share_the_final_one() {
+        let finished = Finished {
+            outcome: Outcome::Sent(reply(250)),
+            rcpt_replies: vec![Some(reply(250)), Some(reply(550)), Some(reply(450))],
+        };
+        let (results, after) = results_of(&rcpts(), &finished);
+        assert_eq!(
+            statuses(&results),
+            [
+                ("b@x", Status::Failed),
+                ("c@x", Status::Deferred),
+                ("a@x", Status::Delivered)
+            ]
+        );
+        assert_eq!(after, After::Done { reusable: true });
+    }
+
+    #[test]
+    fn a_421_to_a_recipient_defers_it_and_every_one_not_refused() {
+        let finished = Finished {
+            outcome: Outcome::RcptRefused {
+                index: 1,
+                reply: reply(421),
+            },
+            rcpt_replies: vec![Some(reply(550)), Some(reply(421)), None],
+        };
+        let (results, after) = results_of(&rcpts(), &finished);
+        assert_eq!(
+            statuses(&results),
+            [
+                ("a@x", Status::Failed),
+                ("b@x", Status::Deferred),
+                ("c@x", Status::Deferred)
+            ]
+        );
+        assert_eq!(after, After::LostBeforeData);
+    }
+
+    #[test]
+    fn a_stray_2xx_to_data_is_no_delivery_and_no_trust() {
+        let finished = Finished {
+            outcome: Outcome::DataRefused(reply(250)),
+            rcpt_replies: vec![Some(reply(250)); 3],
+        };
+        let (results, after) = results_of(&rcpts(), &finished);
+        assert!(results.iter().all(|r| r.status == Status::Deferred));
+        assert_eq!(after, After::Done { reusable: false });
+    }
+
+    #[test]
+    fn a_refused_mail_is_reset_and_530_is_ours_to_fix() {
+        for (code, status) in [(550, Status::Failed), (530, Status::Deferred)] {
+            let finished = Finished {
+                outcome: Outcome::MailRefused(reply(code)),
+                rcpt_replies: vec![None; 3],
+            };
+            let (results, after) = results_of(&rcpts(), &finished);
+            assert!(results.iter().all(|r| r.status == status));
+            assert_eq!(after, After::Reset);
+        }
+    }
 }

@@ -1,5 +1,6 @@
-//! One submission attempt on mail-send's `SmtpClient`: connect, TLS, EHLO,
-//! AUTH, MAIL, RCPT, DATA and the reply to the final dot, sorted into what
+//! One submission attempt: connect, TLS, EHLO and AUTH on mail-send's
+//! `SmtpClient`, then `smtp_client`'s transaction (MAIL, RCPT, DATA and the
+//! reply to the final dot), sorted into what
 //! the retry loop needs to know: accepted (and whether it was a replay),
 //! refused for good, or worth another try.
 
@@ -14,7 +15,9 @@ use tokio_rustls::TlsConnector;
 use super::exit::Exit;
 use super::spool::Envelope;
 use super::trust;
-use crate::smtp_client::{describe, format_reply, mail_params, send_content};
+use crate::smtp_client::io::{self, Timeouts};
+use crate::smtp_client::transaction::{self as client, Body, Options, Outcome};
+use crate::smtp_client::{ClientError, describe, format_reply, mail_params};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TlsMode {
@@ -254,7 +257,7 @@ async fn transaction_after_auth<T: AsyncRead + AsyncWrite + Unpin>(
             Err(e) => return temporary(format!("AUTH: {}", describe(&e))),
         }
     }
-    let outcome = transaction(c, caps, env, message, timeout).await;
+    let outcome = transaction(&mut c.stream, caps, env, message, timeout).await;
     if !matches!(outcome, Attempt::Temporary { .. }) {
         c.timeout = c.timeout.min(Duration::from_secs(5));
         let _ = c.cmd(b"QUIT\r\n").await;
@@ -262,61 +265,66 @@ async fn transaction_after_auth<T: AsyncRead + AsyncWrite + Unpin>(
     outcome
 }
 
-async fn transaction<T: AsyncRead + AsyncWrite + Unpin>(
-    c: &mut SmtpClient<T>,
+async fn transaction<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     caps: &EhloResponse<String>,
     env: &Envelope,
     message: &[u8],
     timeout: Duration,
 ) -> Attempt {
     let params = mail_params(caps, &env.from, &env.to, message);
+    // One command at a time, and all or nothing: a message that cannot
+    // reach every recipient is not sent, so a retry always sends the same
+    // envelope.
+    let options = Options {
+        pipelining: false,
+        all_or_nothing: true,
+    };
+    let txn = client::Transaction::new(&env.from, &params, &env.to, Body::Raw(message), options);
+    let timeouts = Timeouts {
+        command: timeout,
+        final_reply: timeout,
+    };
     let mail = format!("MAIL FROM:<{}>", env.from);
-    match c.cmd(format!("{mail}{params}\r\n")).await {
-        Ok(r) if (200..300).contains(&r.code) => {}
+    let rcpt = |index: usize| format!("RCPT TO:<{}>", env.to[index]);
+    match io::run(stream, txn, timeouts).await.finished.outcome {
         // "Authentication required" refuses the session, like a refused
         // AUTH, and says nothing about the message.
-        Ok(r) if r.code == 530 => return unwelcome(Stage::Connect, &mail, &r),
-        Ok(r) => return unwelcome(Stage::Mail, &mail, &r),
-        Err(e) => return temporary(format!("{mail}: {}", describe(&e))),
-    }
-    // All or nothing: a message that cannot reach every recipient is not
-    // sent, so a retry always sends the same envelope.
-    for rcpt in &env.to {
-        let what = format!("RCPT TO:<{rcpt}>");
-        match c.cmd(format!("{what}\r\n")).await {
-            Ok(r) if (200..300).contains(&r.code) => {}
-            Ok(r) => {
-                let _ = c.cmd(b"RSET\r\n").await;
-                return unwelcome(Stage::Rcpt, &what, &r);
-            }
-            Err(e) => return temporary(format!("{what}: {}", describe(&e))),
+        Outcome::MailRefused(r) if r.code == 530 => unwelcome(Stage::Connect, &mail, &r),
+        Outcome::MailRefused(r) => unwelcome(Stage::Mail, &mail, &r),
+        Outcome::RcptRefused { index, reply } => {
+            let _ = io::command(stream, b"RSET\r\n", timeout).await;
+            unwelcome(Stage::Rcpt, &rcpt(index), &reply)
         }
-    }
-    match c.cmd(b"DATA\r\n").await {
-        Ok(r) if r.code == 354 => {}
-        Ok(r) => return unwelcome(Stage::Data, "DATA", &r),
-        Err(e) => return temporary(format!("DATA: {}", describe(&e))),
-    }
-    if let Err(e) = send_content(&mut c.stream, message, timeout).await {
-        // The last block carries the dot: it may have gone out.
-        return Attempt::Temporary {
-            why: format!("sending the message: {}", describe(&e)),
-            after_dot: true,
-        };
-    }
-    let lost = |why: String| Attempt::Temporary {
-        why: format!("reply to the final dot: {why}"),
-        after_dot: true,
-    };
-    match tokio::time::timeout(timeout, c.read()).await {
-        Ok(Ok(r)) if (200..300).contains(&r.code) => accepted(&r),
-        Ok(Ok(r)) if (500..600).contains(&r.code) => unwelcome(Stage::Message, "message", &r),
-        Ok(Ok(r)) => Attempt::Temporary {
+        // Only without a recipient, which the spool never holds.
+        Outcome::NoRecipients { .. } => Attempt::Unusable("no recipients".into()),
+        Outcome::DataRefused(r) => unwelcome(Stage::Data, "DATA", &r),
+        Outcome::Sent(r) if (200..300).contains(&r.code) => accepted(&r),
+        Outcome::Sent(r) if (500..600).contains(&r.code) => {
+            unwelcome(Stage::Message, "message", &r)
+        }
+        Outcome::Sent(r) => Attempt::Temporary {
             why: format!("message: {}", format_reply(&r)),
             after_dot: true,
         },
-        Ok(Err(e)) => lost(describe(&e)),
-        Err(_) => lost("timed out".into()),
+        Outcome::Lost { stage, error } => {
+            let (what, after_dot) = match stage {
+                client::Stage::Mail => (mail, false),
+                client::Stage::Rcpt(index) => (rcpt(index), false),
+                client::Stage::Data | client::Stage::EmptyMessage => ("DATA".into(), false),
+                // The last block carries the dot: it may have gone out.
+                client::Stage::Message => ("sending the message".into(), true),
+                client::Stage::FinalReply => ("reply to the final dot".into(), true),
+            };
+            let why = match error {
+                ClientError::Timeout if stage == client::Stage::FinalReply => "timed out".into(),
+                e => e.to_string(),
+            };
+            Attempt::Temporary {
+                why: format!("{what}: {why}"),
+                after_dot,
+            }
+        }
     }
 }
 

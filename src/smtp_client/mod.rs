@@ -1,11 +1,31 @@
-//! What the two SMTP client sides (delivery and `smtp-once send`, both on
-//! mail-send) share: the next server's replies as one line of text, the
-//! MAIL FROM parameters a message needs, and the message transfer itself.
+//! What every SMTP client side (delivery, `smtp-once send`, the bench)
+//! shares: one mail transaction as a state machine without I/O
+//! ([`transaction`]), driven over any stream by [`io`]; replies read from
+//! bytes ([`reply`]); DATA transparency ([`dot`]); the next server's reply
+//! as one line of text, and the MAIL FROM parameters a message needs.
+//! Session setup (connect, TLS, EHLO, AUTH) stays with each side: delivery
+//! and `send` on mail-send, the bench by hand.
 
-use std::time::Duration;
+pub mod dot;
+pub mod io;
+pub mod reply;
+pub mod transaction;
 
 use smtp_proto::{EXT_8BIT_MIME, EXT_SIZE, EXT_SMTP_UTF8, EhloResponse, Response};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+/// Why a transaction's connection failed. The words are those mail-send
+/// gives the same failures (and `describe` the closed connection), so the
+/// records of the queue read as before.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("Connection timeout")]
+    Timeout,
+    /// The server hung up, or wrote something that is not a reply.
+    #[error("connection closed or unparseable reply")]
+    NoReply,
+}
 
 /// `250 2.0.0 text`, lines joined with ` / `, control characters escaped:
 /// the text is the other server's, and it ends up in logs, the queue and
@@ -67,44 +87,6 @@ pub fn mail_params(
     params
 }
 
-/// SMTP DATA transparency (RFC 5321 4.5.2): a leading `.` on a line is
-/// doubled, the content ends with CRLF, then the `.` terminator.
-pub fn dot_stuffed(content: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(content.len() + content.len() / 64 + 8);
-    let mut line_start = true;
-    for &b in content {
-        if line_start && b == b'.' {
-            out.push(b'.');
-        }
-        out.push(b);
-        line_start = b == b'\n';
-    }
-    if !content.is_empty() && !content.ends_with(b"\r\n") {
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b".\r\n");
-    out
-}
-
-/// Sends `content` dot-stuffed after a `354`, in 64 KiB blocks, each within
-/// `timeout`. An error here means the final dot may or may not have gone
-/// out.
-pub async fn send_content<S: AsyncWrite + Unpin>(
-    stream: &mut S,
-    content: &[u8],
-    timeout: Duration,
-) -> Result<(), mail_send::Error> {
-    for block in dot_stuffed(content).chunks(64 * 1024) {
-        tokio::time::timeout(timeout, async {
-            stream.write_all(block).await?;
-            stream.flush().await
-        })
-        .await
-        .map_err(|_| mail_send::Error::Timeout)??;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,19 +102,5 @@ mod tests {
             format_reply(&r),
             "550 5.1.1 no such user / second\\u{1b}[31m line"
         );
-    }
-
-    #[test]
-    fn dot_stuffing() {
-        assert_eq!(
-            dot_stuffed(b".a\r\nb\r\n..c\r\n"),
-            b"..a\r\nb\r\n...c\r\n.\r\n"
-        );
-        assert_eq!(
-            dot_stuffed(b".a\r\nb.\r\n..\r\n"),
-            b"..a\r\nb.\r\n...\r\n.\r\n"
-        );
-        assert_eq!(dot_stuffed(b"a"), b"a\r\n.\r\n");
-        assert_eq!(dot_stuffed(b"a.\r\n"), b"a.\r\n.\r\n");
     }
 }
