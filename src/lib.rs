@@ -8,6 +8,7 @@ pub mod auth;
 pub mod bench;
 pub mod budget;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod content_check;
 pub mod delivery;

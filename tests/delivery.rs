@@ -860,3 +860,141 @@ async fn mx_uses_starttls_when_offered() {
     let (trace, _) = stored(&b, &ids[0]);
     assert!(trace.contains("with ESMTPS id"), "TLS was used: {trace}");
 }
+
+// ------------------------------------------- in process, on a test clock
+
+/// A worker in this process on `config`'s SQLite store, reading "now" from
+/// `clock`.
+async fn worker_on(
+    config: &smtp_once::config::Config,
+    store: Arc<smtp_once::store::sqlite::SqliteStore>,
+    clock: Arc<smtp_once::clock::ManualClock>,
+) -> smtp_once::delivery::worker::Worker {
+    smtp_once::delivery::worker::Worker::start_with_clock(
+        config,
+        store,
+        smtp_once::webhook::Router::default(),
+        clock,
+    )
+    .await
+    .expect("worker")
+}
+
+/// Waits (polling the file, never on a timer of the worker's) until `id`'s
+/// row satisfies `done`.
+async fn wait_row(
+    config: &smtp_once::config::Config,
+    id: &str,
+    what: &str,
+    done: impl Fn(&common::in_process::Row) -> bool,
+) -> common::in_process::Row {
+    wait_until(&format!("{id}: {what}"), 20, || {
+        let row = common::in_process::row(config, id);
+        done(&row).then_some(row)
+    })
+    .await
+}
+
+/// The retry schedule on the worker's clock: each next attempt is due
+/// exactly one step of `retry_schedule` after the attempt before it, and
+/// is not made a millisecond earlier. Daemon tests use a 200 ms schedule
+/// on the wall clock instead (`FAST`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn next_attempts_follow_the_retry_schedule_on_the_workers_clock() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = common::in_process::config(
+        dir.path(),
+        &format!(
+            "{}retry_schedule = [\"1h\", \"2h\"]\npoll_interval = \"20ms\"\n",
+            smarthost(format!("127.0.0.1:{}", free_port()), None)
+        ),
+    );
+    let store = common::in_process::store(&config);
+    let clock = common::in_process::clock();
+    let worker = worker_on(&config, store.clone(), clock.clone()).await;
+    let t0 = smtp_once::clock::Clock::now_millis(&*clock);
+    const HOUR: i64 = 3_600_000;
+
+    common::in_process::queue_message(&store, "M1", "r@example.net", t0).await;
+    let first = wait_row(&config, "M1", "first attempt", |r| r.attempts == 1).await;
+    assert_eq!(first.state, "deferred", "the smarthost is down");
+    assert_eq!(first.next_attempt_at, Some(t0 + HOUR), "first step: 1h");
+
+    // A millisecond early: not due. A message queued now shows that the
+    // worker claimed at this time (and left M1 alone).
+    clock.advance(Duration::from_millis(HOUR as u64 - 1));
+    let probe_at = t0 + HOUR - 1;
+    common::in_process::queue_message(&store, "P1", "r@example.net", probe_at).await;
+    wait_row(&config, "P1", "the probe's attempt", |r| r.attempts == 1).await;
+    assert_eq!(
+        common::in_process::row(&config, "M1").attempts,
+        1,
+        "not yet due"
+    );
+
+    clock.advance(Duration::from_millis(1));
+    let second = wait_row(&config, "M1", "second attempt", |r| r.attempts == 2).await;
+    assert_eq!(second.state, "deferred");
+    assert_eq!(
+        second.next_attempt_at,
+        Some(t0 + HOUR + 2 * HOUR),
+        "second step: 2h after the second attempt"
+    );
+    // The last step repeats.
+    clock.advance(Duration::from_millis(2 * HOUR as u64));
+    let third = wait_row(&config, "M1", "third attempt", |r| r.attempts == 3).await;
+    assert_eq!(third.next_attempt_at, Some(t0 + 3 * HOUR + 2 * HOUR));
+    worker.shutdown().await;
+}
+
+/// A lease that ran out is claimed again on the worker's clock: a message
+/// another claimant took (a node that died mid-delivery) waits while its
+/// lease lasts, and is delivered once it has ended. On SQLite the worker
+/// takes back every lease at start, so the claim is made after it started
+/// (for a message due later than the worker's now, so the worker cannot
+/// take it first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_is_claimed_again_on_the_workers_clock() {
+    use smtp_once::store::DeliveryQueue;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = common::in_process::config(
+        dir.path(),
+        "[relay]\nmode = \"file\"\ndir = \"outbox\"\npoll_interval = \"20ms\"\n",
+    );
+    let (store, clock) = (
+        common::in_process::store(&config),
+        common::in_process::clock(),
+    );
+    let worker = worker_on(&config, store.clone(), clock.clone()).await;
+    let t0 = smtp_once::clock::Clock::now_millis(&*clock);
+    const MINUTE: i64 = 60_000;
+    const LEASE: i64 = 30 * MINUTE;
+
+    common::in_process::queue_message(&store, "L1", "r@example.net", t0 + MINUTE).await;
+    let taken = store
+        .claim(t0 + MINUTE, t0 + MINUTE + LEASE, 10, Vec::new())
+        .await
+        .expect("claim");
+    assert_eq!(taken.len(), 1, "the other claimant has it");
+
+    // Due, but leased until t0 + 31 min.
+    clock.advance(Duration::from_millis((MINUTE + LEASE - 1) as u64));
+    common::in_process::queue_message(&store, "P1", "r@example.net", t0).await;
+    wait_row(&config, "P1", "the probe's delivery", |r| {
+        r.state == "delivered"
+    })
+    .await;
+    let leased = common::in_process::row(&config, "L1");
+    assert_eq!((leased.state.as_str(), leased.attempts), ("delivering", 0));
+
+    clock.advance(Duration::from_millis(1));
+    let done = wait_row(&config, "L1", "delivery after the lease", |r| {
+        r.state == "delivered"
+    })
+    .await;
+    assert_eq!(done.attempts, 1);
+    let written = dir.path().join("outbox").join("L1.eml");
+    assert!(written.exists(), "delivered by this worker");
+    worker.shutdown().await;
+}

@@ -525,3 +525,63 @@ async fn retention_expiry_and_purge() {
         "purging the ledger never touches the queue"
     );
 }
+
+/// The retention window on the acceptor's clock, in process (SQLite): the
+/// entry replays up to its last millisecond and a retry from then on is a
+/// new operation. `retention_expiry_and_purge` checks the same against the
+/// daemon (and the purge loop) on the wall clock, by sleeping.
+#[tokio::test]
+async fn retention_window_ends_on_the_acceptors_clock() {
+    use smtp_once::accept::channel::KeySource;
+    use smtp_once::auth::Submitter;
+    use smtp_once::server::wording::Smtp;
+    use smtp_once::submission::Submission;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = common::in_process::config(dir.path(), "[idempotency]\nretention = \"1h\"\n");
+    let store = common::in_process::store(&config);
+    let clock = common::in_process::clock();
+    let acceptor = smtp_once::server::acceptor(&config, store, Default::default())
+        .expect("acceptor")
+        .with_clock(clock.clone());
+    let submit = |body: &str| {
+        let sub = Submission {
+            submitter: Submitter::TrustedNetwork {
+                workspace: "acme".into(),
+            },
+            helo: "client.test".into(),
+            peer: "127.0.0.1:2525".parse().expect("peer"),
+            tls: false,
+            reverse_path: FROM.into(),
+            recipients: TO.iter().map(|r| r.to_string()).collect(),
+            content: message(Some("retained"), body),
+        };
+        let acceptor = &acceptor;
+        async move {
+            let raw = acceptor
+                .accept_via(sub, &Smtp, KeySource::MessageHeader)
+                .await;
+            String::from_utf8(raw).expect("utf-8 reply")
+        }
+    };
+    let first = submit("one").await;
+    assert!(first.starts_with("250 2.0.0 Ok: queued as "), "{first}");
+
+    clock.advance(Duration::from_millis(3_600_000 - 1));
+    let replay = submit("one").await;
+    assert_eq!(
+        replay,
+        format!("250-2.0.0 Idempotency-Replay: true\r\n{first}"),
+        "still within the retention window"
+    );
+    let conflict = submit("two").await;
+    assert!(conflict.contains("E01005"), "{conflict}");
+
+    clock.advance(Duration::from_millis(1));
+    let anew = submit("two").await;
+    assert!(
+        anew.starts_with("250 2.0.0 Ok: queued as "),
+        "an expired key is a new operation: {anew}"
+    );
+    assert_ne!(anew, first, "a new queue id");
+}

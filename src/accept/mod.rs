@@ -23,6 +23,7 @@ mod sign;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock::{Clock, SystemClock};
 use crate::config::Limits;
 use crate::content_check::check_content;
 use crate::dkim::Signers;
@@ -37,7 +38,7 @@ use crate::idempotency::volatile::VolatileHeaders;
 use crate::metrics::{self, Outcome};
 use crate::store::{
     Acceptance, CommitOutcome, LedgerEntry, NewLedgerEntry, NewMessage, Store, StoreError,
-    UnixMillis, now_millis, queue_id,
+    UnixMillis, queue_id,
 };
 use crate::submission::Submission;
 use crate::trace::{TraceOptions, received_header};
@@ -72,6 +73,8 @@ pub struct Acceptor {
     dkim: Arc<Signers>,
     /// What the `Received:` header names (`[server] received_auth_header`).
     trace: TraceOptions,
+    /// "Now" for ledger lookups and the times stamped on what is stored.
+    clock: Arc<dyn Clock>,
 }
 
 /// A key that passed validation, with the request's fingerprint.
@@ -109,7 +112,15 @@ impl Acceptor {
             webhooks: Router::default(),
             dkim: Arc::new(Signers::default()),
             trace: TraceOptions::default(),
+            clock: Arc::new(SystemClock),
         })
+    }
+
+    /// Reads "now" from `clock` instead of the system's (tests drive
+    /// retention with a `ManualClock`).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The trace fields a keyed message's identity leaves out
@@ -227,7 +238,7 @@ impl Acceptor {
         };
         let existing = match self
             .store
-            .lookup(&workspace, &keyed.key, now_millis())
+            .lookup(&workspace, &keyed.key, self.clock.now_millis())
             .await
         {
             Ok(existing) => existing,
@@ -307,7 +318,7 @@ impl Acceptor {
     ) -> (Vec<u8>, Outcome) {
         let workspace = sub.submitter.workspace().to_owned();
         let key_log = keyed.as_ref().map_or("-", |k| k.hash.as_str()).to_owned();
-        let now = now_millis();
+        let now = self.clock.now_millis();
 
         if let Some(refusal) = from_rejection {
             let reply = channel.sender_refused(&refusal);

@@ -7,15 +7,18 @@
 
 use std::future::Future;
 
+use std::sync::Arc;
+
 use sha2::{Digest, Sha256};
 
 use super::Acceptor;
 use super::channel::Channel;
+use crate::clock::Clock;
 use crate::idempotency::decision::{Decision, decide};
 use crate::idempotency::fingerprint::Fingerprint;
 use crate::idempotency::key_hash;
 use crate::idempotency::request::{request_fingerprint, request_key};
-use crate::store::{LedgerEntry, NewLedgerEntry, now_millis};
+use crate::store::{LedgerEntry, NewLedgerEntry};
 
 /// A request as its identity sees it.
 pub struct Operation<'a> {
@@ -35,12 +38,14 @@ pub struct LedgerSlot {
     key: String,
     fingerprint: Fingerprint,
     retention_ms: i64,
+    /// The acceptor's clock: the entry is stamped when it is written.
+    clock: Arc<dyn Clock>,
 }
 
 impl LedgerSlot {
     /// The entry that stores `reply` (what a replay gives back).
     pub fn entry(&self, reply: Vec<u8>, queue_id: Option<String>) -> NewLedgerEntry {
-        let now = now_millis();
+        let now = self.clock.now_millis();
         NewLedgerEntry {
             workspace: self.workspace.clone(),
             key: self.key.clone(),
@@ -87,7 +92,11 @@ impl Acceptor {
             tracing::info!(%workspace, key = %hash, request = op.line, "refused E01004: key in progress");
             return channel.in_progress();
         };
-        let existing = match self.store.lookup(workspace, &key, now_millis()).await {
+        let existing = match self
+            .store
+            .lookup(workspace, &key, self.clock.now_millis())
+            .await
+        {
             Ok(existing) => existing,
             Err(e) => {
                 tracing::error!(%workspace, key = %hash, error = %e, "refused E01033: ledger unavailable");
@@ -101,6 +110,7 @@ impl Acceptor {
                     key,
                     fingerprint,
                     retention_ms: i64::try_from(self.retention.as_millis()).unwrap_or(i64::MAX),
+                    clock: Arc::clone(&self.clock),
                 };
                 execute(Some(slot)).await
             }

@@ -21,11 +21,11 @@ use super::plan::{self, Outcome, Plan, Policy};
 use super::queue::{self, Loaded};
 use super::transport::Transport;
 use super::{DeliveryError, RcptResult, Status};
+use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::idempotency::key::KeyHeaders;
 use crate::store::{
-    AttemptOutcome, DeliveryQueue, MessageState, NewMessage, StoreError, UnixMillis, now_millis,
-    queue_id,
+    AttemptOutcome, DeliveryQueue, MessageState, NewMessage, StoreError, UnixMillis, queue_id,
 };
 use crate::webhook::Router;
 use crate::webhook::route::Attempted;
@@ -58,6 +58,9 @@ struct Ctx {
     webhooks: Router,
     /// `[idempotency] key_headers`: what the relayed copy replaces.
     key_headers: KeyHeaders,
+    /// "Now" for claims, leases, attempt times and the retry schedule.
+    /// The loop's waits stay on tokio's timer.
+    clock: Arc<dyn Clock>,
 }
 
 fn millis(d: Duration) -> i64 {
@@ -72,6 +75,18 @@ impl Worker {
         config: &Config,
         queue: Arc<dyn DeliveryQueue>,
         webhooks: Router,
+    ) -> Result<Worker, DeliveryError> {
+        Self::start_with_clock(config, queue, webhooks, Arc::new(SystemClock)).await
+    }
+
+    /// `start`, reading "now" from `clock` (tests drive leases and the
+    /// retry schedule with a `ManualClock`; the loop still polls on
+    /// tokio's timer, at most every `relay.poll_interval`).
+    pub async fn start_with_clock(
+        config: &Config,
+        queue: Arc<dyn DeliveryQueue>,
+        webhooks: Router,
+        clock: Arc<dyn Clock>,
     ) -> Result<Worker, DeliveryError> {
         let transport = Transport::from_config(config)?;
         let d = &config.delivery;
@@ -93,6 +108,7 @@ impl Worker {
             test_pause: d.test_pause_after_send,
             webhooks,
             key_headers: KeyHeaders::new(config.key_headers.iter().cloned()),
+            clock,
         });
         if !ctx.test_pause.is_zero() {
             tracing::warn!(pause = ?ctx.test_pause, "relay.delivery_test_pause_after_send is set: TEST ONLY");
@@ -118,7 +134,7 @@ impl Worker {
 /// Releases every lease a previous run left; false if it could not (said
 /// once, at start; the loop's retries are quiet).
 async fn take_back_leases(ctx: &Arc<Ctx>, first: bool) -> bool {
-    match ctx.queue.release_all(now_millis()).await {
+    match ctx.queue.release_all(ctx.now()).await {
         Ok(0) => true,
         Ok(released) => {
             tracing::info!(released, "took back messages a previous run was delivering");
@@ -172,7 +188,7 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mu
             failed = !released;
         }
         if free > 0 && !busy && released {
-            let now = now_millis();
+            let now = ctx.now();
             let lease_until = now.saturating_add(millis(ctx.lease));
             match ctx
                 .queue
@@ -217,10 +233,8 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mu
             ctx.poll_interval
         } else {
             match ctx.queue.next_due(ctx.in_flight_ids()).await {
-                Ok(Some(due)) => {
-                    Duration::from_millis(u64::try_from(due - now_millis()).unwrap_or(0))
-                        .min(ctx.poll_interval)
-                }
+                Ok(Some(due)) => Duration::from_millis(u64::try_from(due - ctx.now()).unwrap_or(0))
+                    .min(ctx.poll_interval),
                 _ => ctx.poll_interval,
             }
         };
@@ -244,7 +258,7 @@ async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>, grace: Duration, mu
         );
         tasks.shutdown().await;
     }
-    match ctx.queue.release_all(now_millis()).await {
+    match ctx.queue.release_all(ctx.now()).await {
         Ok(0) => {}
         Ok(n) => tracing::info!(
             released = n,
@@ -299,7 +313,7 @@ async fn renew_leases(ctx: &Arc<Ctx>) {
     if ids.is_empty() {
         return;
     }
-    let now = now_millis();
+    let now = ctx.now();
     let until = now.saturating_add(millis(ctx.lease));
     if let Err(e) = ctx.queue.renew(ids, now, until).await {
         tracing::warn!(error = %e, "cannot renew delivery leases; retried shortly");
@@ -312,7 +326,7 @@ const PURGE_EVERY: Duration = Duration::from_secs(60);
 /// Small batches keep each write transaction short beside acceptances.
 async fn purge_finished(ctx: &Arc<Ctx>) {
     const BATCH: usize = 500;
-    let before = now_millis().saturating_sub(millis(ctx.keep_finished));
+    let before = ctx.now().saturating_sub(millis(ctx.keep_finished));
     loop {
         match ctx.queue.purge_finished(before, BATCH).await {
             Ok(n) if n > 0 => {
@@ -328,6 +342,10 @@ async fn purge_finished(ctx: &Arc<Ctx>) {
 }
 
 impl Ctx {
+    fn now(&self) -> UnixMillis {
+        self.clock.now_millis()
+    }
+
     fn in_flight_ids(&self) -> Vec<String> {
         let set = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
         set.iter().cloned().collect()
@@ -375,7 +393,7 @@ async fn deliver_one(
         tracing::warn!(queue_id = %id, "test pause after send");
         tokio::time::sleep(ctx.test_pause).await;
     }
-    let now = now_millis();
+    let now = ctx.now();
     let earlier: Vec<Outcome> = loaded.done.values().copied().collect();
     let plan = plan::plan(
         &ctx.policy,
@@ -553,7 +571,7 @@ async fn record(ctx: &Arc<Ctx>, outcome: AttemptOutcome) -> bool {
                 // said by its attempt lines; one line less per message.
                 let all_delivered = outcome.rows.iter().all(|r| r.outcome == "delivered");
                 if !(state == MessageState::Delivered && all_delivered) {
-                    log_state(&id, state, outcome.next_attempt_at);
+                    log_state(&id, state, outcome.next_attempt_at, ctx.now());
                 }
                 return true;
             }
@@ -577,10 +595,10 @@ async fn record(ctx: &Arc<Ctx>, outcome: AttemptOutcome) -> bool {
     }
 }
 
-fn log_state(id: &str, state: MessageState, next: Option<UnixMillis>) {
+fn log_state(id: &str, state: MessageState, next: Option<UnixMillis>, now: UnixMillis) {
     match next {
         Some(next) if state == MessageState::Deferred => {
-            let in_ms = next - now_millis();
+            let in_ms = next - now;
             tracing::info!(queue_id = %id, state = state.as_str(), next_attempt_in_ms = in_ms, "message deferred");
         }
         _ => tracing::info!(queue_id = %id, state = state.as_str(), "message state"),

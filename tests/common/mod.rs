@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod in_process;
 pub mod pg;
 pub mod tiny;
 pub mod webhook;
