@@ -19,17 +19,18 @@ pub use admin::PgQueueAdmin;
 pub use outbox_admin::PgOutboxAdmin;
 
 use std::str::FromStr;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::{mpsc, oneshot};
 
+use super::batch::{JobSender, Wakers};
 use super::{
     Acceptance, BoxFuture, CommitOutcome, LedgerEntry, NewMessage, QueueDepth, Store, StoreError,
     UnixMillis,
 };
-use writer::{Job, PgResult, Wakers};
+use writer::{Job, PgResult};
 
 /// How long a caller waits for a connection (or for one to be made)
 /// before the ledger counts as unavailable.
@@ -40,7 +41,7 @@ const HOUSEKEEPING_LOCK: i64 = 0x736d_7470_6875_7367; // "smtphusg"
 
 pub struct PgStore {
     pool: Pool,
-    jobs: Mutex<Option<mpsc::UnboundedSender<Job>>>,
+    jobs: JobSender<Job>,
     /// Woken when any node queued mail (`queued`) or wrote webhook events
     /// (`events_queued`).
     wakers: Wakers,
@@ -92,13 +93,13 @@ impl PgStore {
             node_id = o.node_id,
             "PostgreSQL store open"
         );
-        let (jobs, rx) = mpsc::unbounded_channel();
+        let (jobs, rx) = JobSender::channel("PostgreSQL writer");
         let wakers = Wakers::default();
         tokio::spawn(writer::run(pool.clone(), rx, wakers.clone()));
         let listener = tokio::spawn(listen(config, tls, wakers.clone()));
         Ok(Self {
             pool,
-            jobs: Mutex::new(Some(jobs)),
+            jobs,
             wakers,
             node_id: o.node_id.to_owned(),
             listener,
@@ -108,28 +109,16 @@ impl PgStore {
 
     /// Stops the writer after the jobs already sent.
     pub fn close(&self) {
-        if let Ok(mut jobs) = self.jobs.lock() {
-            jobs.take();
-        }
+        self.jobs.close();
         self.listener.abort();
         self.node_lock.abort();
     }
 
     fn submit<T: Send + 'static>(
         &self,
-        (job, answer): (Job, oneshot::Receiver<Result<T, StoreError>>),
+        job: (Job, oneshot::Receiver<Result<T, StoreError>>),
     ) -> BoxFuture<'static, Result<T, StoreError>> {
-        let stopped = || StoreError::Unavailable("PostgreSQL writer has stopped".into());
-        let sent = self.jobs.lock().map_err(|_| stopped()).and_then(|jobs| {
-            jobs.as_ref()
-                .ok_or_else(stopped)?
-                .send(job)
-                .map_err(|_| stopped())
-        });
-        Box::pin(async move {
-            sent?;
-            answer.await.map_err(|_| stopped())?
-        })
+        self.jobs.submit(job)
     }
 
     /// A pooled connection for reads.
