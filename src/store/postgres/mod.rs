@@ -7,6 +7,7 @@
 //! connection releases by itself. Times come from the database's clock.
 
 mod admin;
+mod housekeeping;
 mod outbox;
 mod outbox_admin;
 mod probe;
@@ -35,9 +36,6 @@ use writer::{Job, PgResult};
 /// How long a caller waits for a connection (or for one to be made)
 /// before the ledger counts as unavailable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// Purges run on one node at a time (transaction advisory lock).
-const HOUSEKEEPING_LOCK: i64 = 0x736d_7470_6875_7367; // "smtphusg"
 
 pub struct PgStore {
     pool: Pool,
@@ -443,14 +441,9 @@ async fn insert_message(c: &ClientWrapper, m: &NewMessage) -> PgResult<()> {
     .map(|_| ())
 }
 
-/// True if this transaction may do housekeeping (no other node is).
-async fn housekeeping_turn(c: &ClientWrapper) -> PgResult<bool> {
-    Ok(c.query_one(
-        "SELECT pg_try_advisory_xact_lock($1)",
-        &[&HOUSEKEEPING_LOCK],
-    )
-    .await?
-    .get(0))
+/// A count or limit as a query parameter.
+fn i64_of(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 impl Store for PgStore {
@@ -517,23 +510,12 @@ impl Store for PgStore {
         _now: UnixMillis,
         limit: usize,
     ) -> BoxFuture<'static, Result<usize, StoreError>> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.submit(Job::new(false, String::new(), move |c| {
-            Box::pin(async move {
-                if !housekeeping_turn(c).await? {
-                    return Ok(0);
-                }
-                let n = c
-                    .execute(
-                        "DELETE FROM ledger WHERE (workspace, key) IN
-                           (SELECT workspace, key FROM ledger
-                            WHERE expires_at <= smtp_once_now() LIMIT $1)",
-                        &[&limit],
-                    )
-                    .await?;
-                Ok(usize::try_from(n).unwrap_or(usize::MAX))
-            })
-        }))
+        self.purge(
+            "DELETE FROM ledger WHERE (workspace, key) IN
+               (SELECT workspace, key FROM ledger
+                WHERE expires_at <= smtp_once_now() LIMIT $1)",
+            vec![i64_of(limit)],
+        )
     }
 
     fn ready(&self) -> BoxFuture<'static, Result<(), StoreError>> {
