@@ -6,6 +6,7 @@
 pub mod admin;
 #[cfg(test)]
 mod admin_tests;
+mod batch;
 pub mod outbox;
 pub mod postgres;
 pub mod queue;
@@ -20,16 +21,6 @@ use std::future::Future;
 use std::pin::Pin;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// What a writer job answers after its batch: the batch's error, or the
-/// value the job produced (both backends' writers).
-pub(crate) fn job_result<T>(error: Option<StoreError>, value: Option<T>) -> Result<T, StoreError> {
-    match (error, value) {
-        (Some(e), _) => Err(e),
-        (None, Some(v)) => Ok(v),
-        (None, None) => Err(StoreError::Transient("job was not applied".into())),
-    }
-}
 
 /// Milliseconds since the Unix epoch.
 pub type UnixMillis = i64;

@@ -7,6 +7,7 @@
 //! connection releases by itself. Times come from the database's clock.
 
 mod admin;
+mod housekeeping;
 mod outbox;
 mod outbox_admin;
 mod probe;
@@ -19,28 +20,26 @@ pub use admin::PgQueueAdmin;
 pub use outbox_admin::PgOutboxAdmin;
 
 use std::str::FromStr;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::{mpsc, oneshot};
 
+use super::batch::{JobSender, Wakers};
 use super::{
     Acceptance, BoxFuture, CommitOutcome, LedgerEntry, NewMessage, QueueDepth, Store, StoreError,
     UnixMillis,
 };
-use writer::{Job, PgResult, Wakers};
+use writer::{Job, PgResult};
 
 /// How long a caller waits for a connection (or for one to be made)
 /// before the ledger counts as unavailable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Purges run on one node at a time (transaction advisory lock).
-const HOUSEKEEPING_LOCK: i64 = 0x736d_7470_6875_7367; // "smtphusg"
-
 pub struct PgStore {
     pool: Pool,
-    jobs: Mutex<Option<mpsc::UnboundedSender<Job>>>,
+    jobs: JobSender<Job>,
     /// Woken when any node queued mail (`queued`) or wrote webhook events
     /// (`events_queued`).
     wakers: Wakers,
@@ -92,13 +91,13 @@ impl PgStore {
             node_id = o.node_id,
             "PostgreSQL store open"
         );
-        let (jobs, rx) = mpsc::unbounded_channel();
+        let (jobs, rx) = JobSender::channel("PostgreSQL writer");
         let wakers = Wakers::default();
         tokio::spawn(writer::run(pool.clone(), rx, wakers.clone()));
         let listener = tokio::spawn(listen(config, tls, wakers.clone()));
         Ok(Self {
             pool,
-            jobs: Mutex::new(Some(jobs)),
+            jobs,
             wakers,
             node_id: o.node_id.to_owned(),
             listener,
@@ -108,28 +107,16 @@ impl PgStore {
 
     /// Stops the writer after the jobs already sent.
     pub fn close(&self) {
-        if let Ok(mut jobs) = self.jobs.lock() {
-            jobs.take();
-        }
+        self.jobs.close();
         self.listener.abort();
         self.node_lock.abort();
     }
 
     fn submit<T: Send + 'static>(
         &self,
-        (job, answer): (Job, oneshot::Receiver<Result<T, StoreError>>),
+        job: (Job, oneshot::Receiver<Result<T, StoreError>>),
     ) -> BoxFuture<'static, Result<T, StoreError>> {
-        let stopped = || StoreError::Unavailable("PostgreSQL writer has stopped".into());
-        let sent = self.jobs.lock().map_err(|_| stopped()).and_then(|jobs| {
-            jobs.as_ref()
-                .ok_or_else(stopped)?
-                .send(job)
-                .map_err(|_| stopped())
-        });
-        Box::pin(async move {
-            sent?;
-            answer.await.map_err(|_| stopped())?
-        })
+        self.jobs.submit(job)
     }
 
     /// A pooled connection for reads.
@@ -454,14 +441,9 @@ async fn insert_message(c: &ClientWrapper, m: &NewMessage) -> PgResult<()> {
     .map(|_| ())
 }
 
-/// True if this transaction may do housekeeping (no other node is).
-async fn housekeeping_turn(c: &ClientWrapper) -> PgResult<bool> {
-    Ok(c.query_one(
-        "SELECT pg_try_advisory_xact_lock($1)",
-        &[&HOUSEKEEPING_LOCK],
-    )
-    .await?
-    .get(0))
+/// A count or limit as a query parameter.
+fn i64_of(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 impl Store for PgStore {
@@ -528,23 +510,12 @@ impl Store for PgStore {
         _now: UnixMillis,
         limit: usize,
     ) -> BoxFuture<'static, Result<usize, StoreError>> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.submit(Job::new(false, String::new(), move |c| {
-            Box::pin(async move {
-                if !housekeeping_turn(c).await? {
-                    return Ok(0);
-                }
-                let n = c
-                    .execute(
-                        "DELETE FROM ledger WHERE (workspace, key) IN
-                           (SELECT workspace, key FROM ledger
-                            WHERE expires_at <= smtp_once_now() LIMIT $1)",
-                        &[&limit],
-                    )
-                    .await?;
-                Ok(usize::try_from(n).unwrap_or(usize::MAX))
-            })
-        }))
+        self.purge(
+            "DELETE FROM ledger WHERE (workspace, key) IN
+               (SELECT workspace, key FROM ledger
+                WHERE expires_at <= smtp_once_now() LIMIT $1)",
+            vec![i64_of(limit)],
+        )
     }
 
     fn ready(&self) -> BoxFuture<'static, Result<(), StoreError>> {

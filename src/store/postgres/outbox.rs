@@ -7,14 +7,11 @@
 
 use deadpool_postgres::ClientWrapper;
 
+use super::housekeeping::age_of;
 use super::writer::{Job, PgResult};
-use super::{PgStore, classify, housekeeping_turn};
+use super::{PgStore, classify, i64_of};
 use crate::store::outbox::{EndpointHealth, EventAttempt, EventNext, NewEvent, OutboxEvent};
 use crate::store::{BoxFuture, StoreError, UnixMillis, WebhookOutbox, now_millis};
-
-fn i64_of(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
 
 /// The events of `$n` (a `text[]` of endpoint names) whose endpoint is not
 /// disabled.
@@ -342,25 +339,12 @@ impl WebhookOutbox for PgStore {
         before: UnixMillis,
         limit: usize,
     ) -> BoxFuture<'static, Result<usize, StoreError>> {
-        // As an age, so the database's clock decides.
-        let age = now_millis().saturating_sub(before);
-        let limit = i64_of(limit);
-        self.submit(Job::new(false, String::new(), move |c| {
-            Box::pin(async move {
-                if !housekeeping_turn(c).await? {
-                    return Ok(0);
-                }
-                let n = c
-                    .execute(
-                        "DELETE FROM webhook_outbox WHERE id IN (SELECT id FROM webhook_outbox
-                           WHERE state IN ('delivered', 'failed')
-                             AND updated_at <= smtp_once_now() - $1 LIMIT $2)",
-                        &[&age, &limit],
-                    )
-                    .await?;
-                Ok(usize::try_from(n).unwrap_or(usize::MAX))
-            })
-        }))
+        self.purge(
+            "DELETE FROM webhook_outbox WHERE id IN (SELECT id FROM webhook_outbox
+               WHERE state IN ('delivered', 'failed')
+                 AND updated_at <= smtp_once_now() - $1 LIMIT $2)",
+            vec![age_of(before), i64_of(limit)],
+        )
     }
 
     fn events_queued(&self) -> BoxFuture<'static, ()> {

@@ -5,16 +5,13 @@
 
 use std::collections::HashMap;
 
+use super::housekeeping::age_of;
 use super::outbox::insert_events;
-use super::{PgStore, housekeeping_turn, insert_message, writer::Job};
+use super::{PgStore, i64_of, insert_message, writer::Job};
 use crate::store::{
     AttemptOutcome, BoxFuture, ClaimedMessage, DeliveryQueue, MessageState, StoreError, UnixMillis,
     now_millis,
 };
-
-fn i64_of(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
 
 impl DeliveryQueue for PgStore {
     fn claim(
@@ -224,26 +221,13 @@ impl DeliveryQueue for PgStore {
         before: UnixMillis,
         limit: usize,
     ) -> BoxFuture<'static, Result<usize, StoreError>> {
-        // As an age, so the database's clock decides.
-        let age = now_millis().saturating_sub(before);
-        let limit = i64_of(limit);
-        self.submit(Job::new(false, String::new(), move |c| {
-            Box::pin(async move {
-                if !housekeeping_turn(c).await? {
-                    return Ok(0);
-                }
-                // Bodies and attempts go with their rows (ON DELETE CASCADE).
-                let n = c
-                    .execute(
-                        "DELETE FROM queue WHERE id IN (SELECT id FROM queue
-                           WHERE state IN ('delivered', 'failed', 'expired', 'cancelled')
-                             AND updated_at <= smtp_once_now() - $1 LIMIT $2)",
-                        &[&age, &limit],
-                    )
-                    .await?;
-                Ok(usize::try_from(n).unwrap_or(usize::MAX))
-            })
-        }))
+        // Bodies and attempts go with their rows (ON DELETE CASCADE).
+        self.purge(
+            "DELETE FROM queue WHERE id IN (SELECT id FROM queue
+               WHERE state IN ('delivered', 'failed', 'expired', 'cancelled')
+                 AND updated_at <= smtp_once_now() - $1 LIMIT $2)",
+            vec![age_of(before), i64_of(limit)],
+        )
     }
 
     fn queued(&self) -> BoxFuture<'static, ()> {

@@ -519,3 +519,44 @@ where
 
 #[path = "outbox_tests.rs"]
 mod outbox;
+
+#[tokio::test]
+async fn purges_delete_past_rows_up_to_their_limit_one_node_at_a_time() {
+    let db = TestDb::new().await;
+    let a = db.node("a").await;
+    for i in 0..3 {
+        let (id, key) = (format!("P{i}"), format!("k{i}"));
+        a.commit(acceptance(&id, Some(&key), "m"))
+            .await
+            .expect("commit");
+    }
+    let sql = db.sql().await;
+    sql.batch_execute(
+        "UPDATE ledger SET expires_at = smtp_once_now() - 1;
+         UPDATE queue SET state = 'delivered', updated_at = smtp_once_now() - 3600000",
+    )
+    .await
+    .expect("age the rows");
+    let lock = &super::housekeeping::HOUSEKEEPING_LOCK;
+    // Another node is purging: this one deletes nothing.
+    sql.execute("SELECT pg_advisory_lock($1)", &[lock])
+        .await
+        .expect("lock");
+    assert_eq!(a.purge_expired(0, 10).await.expect("purge"), 0);
+    assert_eq!(a.purge_finished(now_millis(), 10).await.expect("purge"), 0);
+    sql.execute("SELECT pg_advisory_unlock($1)", &[lock])
+        .await
+        .expect("unlock");
+    assert_eq!(a.purge_expired(0, 2).await.expect("purge"), 2);
+    assert_eq!(a.purge_expired(0, 10).await.expect("purge"), 1);
+    assert_eq!(count(&sql, "SELECT COUNT(*) FROM ledger").await, 0);
+    // Finished an hour ago: not older than two hours, older than a minute.
+    let hours_ago = now_millis() - 7_200_000;
+    assert_eq!(a.purge_finished(hours_ago, 10).await.expect("purge"), 0);
+    let minute_ago = now_millis() - 60_000;
+    assert_eq!(a.purge_finished(minute_ago, 2).await.expect("purge"), 2);
+    assert_eq!(a.purge_finished(minute_ago, 10).await.expect("purge"), 1);
+    assert_eq!(count(&sql, "SELECT COUNT(*) FROM queue").await, 0);
+    assert_eq!(count(&sql, "SELECT COUNT(*) FROM message_body").await, 0);
+    db.drop_db().await;
+}

@@ -1,66 +1,49 @@
-//! The node's single writer: one connection, fed by a channel; every job
-//! waiting when a transaction starts joins it (group commit), and each
-//! caller gets its answer only after COMMIT. As with SQLite, acceptances,
-//! claims, records and purges all go through it.
-
-use std::sync::Arc;
+//! The node's single writer: one connection on a task of its own, running
+//! the shared batch loop (`store::batch`): group commit, each caller
+//! answered only after COMMIT. As with SQLite, acceptances, claims,
+//! records and purges all go through it. Here: the connection, the order
+//! of a batch's jobs and the pipelined transaction.
 
 use deadpool_postgres::{ClientWrapper, Object, Pool};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use super::{EVENTS_CHANNEL, QUEUED_CHANNEL, classify, describe, unreachable};
+use crate::store::batch::{self, Answer, Answers, Pending, Reply, Wakers, WriteBatch};
 use crate::store::{BoxFuture, StoreError};
-
-/// Upper bound on jobs per transaction, to bound latency and memory.
-const MAX_BATCH: usize = 256;
 
 pub type PgResult<T> = Result<T, tokio_postgres::Error>;
 
-pub struct Job {
-    work: Box<dyn Work>,
-    /// The job may put a message in the queue: wake the delivery worker
-    /// after the commit.
-    queues_mail: bool,
-    /// The job may write webhook events: wake the webhook senders after
-    /// the commit.
-    queues_events: bool,
-    /// Jobs that lock ledger rows go in key order, so two nodes' batches
-    /// never wait on each other in a circle.
-    order: String,
-}
+/// One write (see `batch::Job`), a closure over the connection.
+pub(crate) type Job = batch::Job<dyn Work>;
 
-trait Work: Send {
+pub(crate) trait Work: Answer {
     /// Runs inside the batch's transaction. May run twice: a batch that
     /// fails is rolled back and each job retried alone.
     fn apply<'a>(&'a mut self, c: &'a ClientWrapper) -> BoxFuture<'a, PgResult<()>>;
-    fn finish(self: Box<Self>, error: Option<StoreError>);
+    /// Jobs that lock ledger rows go in key order, so two nodes' batches
+    /// never wait on each other in a circle.
+    fn order(&self) -> &str;
 }
 
-struct Pending<T, F> {
-    write: F,
-    value: Option<T>,
-    reply: oneshot::Sender<Result<T, StoreError>>,
-}
-
-impl<T, F> Work for Pending<T, F>
+impl<T, F> Work for Pending<T, F, String>
 where
     T: Send,
     F: for<'c> FnMut(&'c ClientWrapper) -> BoxFuture<'c, PgResult<T>> + Send,
 {
     fn apply<'a>(&'a mut self, c: &'a ClientWrapper) -> BoxFuture<'a, PgResult<()>> {
         Box::pin(async move {
-            self.value = Some((self.write)(c).await?);
+            self.reply.keep((self.write)(c).await?);
             Ok(())
         })
     }
 
-    fn finish(self: Box<Self>, error: Option<StoreError>) {
-        let _ = self.reply.send(crate::store::job_result(error, self.value));
+    fn order(&self) -> &str {
+        &self.order
     }
 }
 
 impl Job {
-    pub fn new<T, F>(
+    pub(crate) fn new<T, F>(
         queues_mail: bool,
         order: String,
         write: F,
@@ -69,98 +52,81 @@ impl Job {
         T: Send + 'static,
         F: for<'c> FnMut(&'c ClientWrapper) -> BoxFuture<'c, PgResult<T>> + Send + 'static,
     {
-        let (reply, rx) = oneshot::channel();
+        let (reply, rx) = Reply::channel();
         let work = Box::new(Pending {
             write,
-            value: None,
             reply,
+            order,
         });
-        (
-            Job {
-                work,
-                queues_mail,
-                queues_events: false,
-                order,
-            },
-            rx,
-        )
-    }
-
-    /// Marks the job as one that writes webhook events (if `yes`).
-    pub fn with_events<T>(
-        (mut job, rx): (Self, oneshot::Receiver<T>),
-        yes: bool,
-    ) -> (Self, oneshot::Receiver<T>) {
-        job.queues_events = yes;
-        (job, rx)
+        (Job::of(work, queues_mail), rx)
     }
 }
 
-/// Who to wake on this node after a commit: the delivery worker (mail
-/// queued) and the webhook sender (events written).
-#[derive(Clone, Default)]
-pub struct Wakers {
-    pub mail: Arc<Notify>,
-    pub events: Arc<Notify>,
-}
-
-pub async fn run(pool: Pool, mut jobs: mpsc::UnboundedReceiver<Job>, wakers: Wakers) {
-    let mut conn: Option<Object> = None;
-    let mut down = false;
-    let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
-    while let Some(first) = jobs.recv().await {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match jobs.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
-        batch.sort_by(|a, b| a.order.cmp(&b.order));
-        if conn.as_ref().is_none_or(|c| c.is_closed()) {
-            conn = match pool.get().await {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    if !down {
-                        tracing::error!(error = %e, "PostgreSQL unreachable; refusing mail (451) until it is back");
-                        down = true;
-                    }
-                    let why = format!("PostgreSQL unreachable: {e}");
-                    for job in batch.drain(..) {
-                        job.work.finish(Some(StoreError::Unavailable(why.clone())));
-                    }
-                    continue;
-                }
-            };
-        }
-        let Some(c) = conn.as_ref() else { continue };
-        if down {
-            tracing::warn!("PostgreSQL is back; accepting mail again");
-            down = false;
-        }
-        let answers = execute_batch(c, &mut batch).await;
-        if c.is_closed() {
-            conn = None; // reconnect for the next batch
-        }
-        let (mut woke_worker, mut woke_sender) = (false, false);
-        for (job, error) in answers {
-            if job.queues_mail && error.is_none() && !woke_worker {
-                wakers.mail.notify_one();
-                woke_worker = true;
-            }
-            if job.queues_events && error.is_none() && !woke_sender {
-                wakers.events.notify_one();
-                woke_sender = true;
-            }
-            job.work.finish(error);
-        }
-    }
+pub(crate) async fn run(pool: Pool, jobs: mpsc::UnboundedReceiver<Job>, wakers: Wakers) {
+    let writer = Writer {
+        pool,
+        conn: None,
+        down: false,
+    };
+    batch::run(writer, jobs, wakers).await;
     tracing::debug!("PostgreSQL writer stopped");
 }
 
-async fn execute_batch(c: &ClientWrapper, batch: &mut Vec<Job>) -> Vec<(Job, Option<StoreError>)> {
+struct Writer {
+    pool: Pool,
+    /// Kept from batch to batch; a new one once it is closed.
+    conn: Option<Object>,
+    /// PostgreSQL was unreachable at the last batch.
+    down: bool,
+}
+
+impl WriteBatch for Writer {
+    type Work = dyn Work;
+
+    async fn write(&mut self, batch: &mut Vec<Job>) -> Answers<dyn Work> {
+        batch.sort_by(|a, b| a.work.order().cmp(b.work.order()));
+        let c = match self.connection().await {
+            Ok(c) => c,
+            Err(why) => return batch::refused(batch, || StoreError::Unavailable(why.clone())),
+        };
+        let answers = execute_batch(c, batch).await;
+        if c.is_closed() {
+            self.conn = None; // reconnect for the next batch
+        }
+        answers
+    }
+}
+
+impl Writer {
+    /// The writer's connection, made anew if it was closed; why not, if
+    /// PostgreSQL cannot be reached.
+    async fn connection(&mut self) -> Result<&Object, String> {
+        let conn = match self.conn.take() {
+            Some(c) if !c.is_closed() => c,
+            // A closed connection is let go only once a new one is there.
+            closed => match self.pool.get().await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.conn = closed;
+                    if !self.down {
+                        tracing::error!(error = %e, "PostgreSQL unreachable; refusing mail (451) until it is back");
+                        self.down = true;
+                    }
+                    return Err(format!("PostgreSQL unreachable: {e}"));
+                }
+            },
+        };
+        if self.down {
+            tracing::warn!("PostgreSQL is back; accepting mail again");
+            self.down = false;
+        }
+        Ok(self.conn.insert(conn))
+    }
+}
+
+async fn execute_batch(c: &ClientWrapper, batch: &mut Vec<Job>) -> Answers<dyn Work> {
     match apply_all(c, batch).await {
-        Ok(()) => batch.drain(..).map(|job| (job, None)).collect(),
+        Ok(()) => batch::committed(batch),
         Err(e) if unreachable(&e) => {
             // COMMIT's answer may be what was lost: the batch may or may
             // not be in. Unavailable (451) is true either way, and a
@@ -169,10 +135,7 @@ async fn execute_batch(c: &ClientWrapper, batch: &mut Vec<Job>) -> Vec<(Job, Opt
             // either: no one-by-one retry.
             let why = format!("PostgreSQL unavailable: {}", describe(&e));
             tracing::warn!("{why}");
-            batch
-                .drain(..)
-                .map(|job| (job, Some(StoreError::Unavailable(why.clone()))))
-                .collect()
+            batch::refused(batch, || StoreError::Unavailable(why.clone()))
         }
         Err(e) => {
             tracing::warn!(error = %describe(&e), jobs = batch.len(), "batch failed; retrying jobs one by one");

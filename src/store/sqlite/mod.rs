@@ -26,11 +26,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::private_fs;
 use identity::DataDirIdentity;
 
+use super::batch::{JobSender, Wakers};
 use super::{
     Acceptance, BoxFuture, CommitOutcome, LedgerEntry, QueueDepth, Store, StoreError, UnixMillis,
 };
@@ -46,13 +47,13 @@ const MAX_IDLE_READERS: usize = 8;
 
 pub struct SqliteStore {
     db_path: PathBuf,
-    jobs: Mutex<Option<mpsc::UnboundedSender<writer::Job>>>,
+    jobs: JobSender<writer::Job>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     checkpointer: Mutex<Option<checkpoint::Checkpointer>>,
     readers: Arc<Readers>,
     /// Signalled after a commit that queued mail (see `DeliveryQueue::queued`)
     /// or wrote webhook events (`WebhookOutbox::events_queued`).
-    wakers: writer::Wakers,
+    wakers: Wakers,
     /// The database and lock files this store has open.
     identity: DataDirIdentity,
     /// Held for the life of the store: one process per data directory.
@@ -99,8 +100,8 @@ impl SqliteStore {
             .map_err(classify)?;
         let checkpointer = checkpoint::Checkpointer::spawn(db_path.clone())
             .map_err(|e| StoreError::Unavailable(format!("cannot start checkpoint thread: {e}")))?;
-        let (jobs, rx) = mpsc::unbounded_channel();
-        let wakers = writer::Wakers::default();
+        let (jobs, rx) = JobSender::channel("ledger writer");
+        let wakers = Wakers::default();
         let handle = std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn({
@@ -111,7 +112,7 @@ impl SqliteStore {
             .map_err(|e| StoreError::Unavailable(format!("cannot start writer thread: {e}")))?;
         Ok(Self {
             db_path: db_path.clone(),
-            jobs: Mutex::new(Some(jobs)),
+            jobs,
             writer: Mutex::new(Some(handle)),
             checkpointer: Mutex::new(Some(checkpointer)),
             readers: Arc::new(Readers {
@@ -128,26 +129,12 @@ impl SqliteStore {
         &self.db_path
     }
 
-    fn send(&self, job: writer::Job) -> Result<(), StoreError> {
-        let jobs = self.jobs.lock().map_err(|_| writer_stopped())?;
-        jobs.as_ref()
-            .ok_or_else(writer_stopped)?
-            .send(job)
-            .map_err(|_| writer_stopped())
-    }
-
-    /// Hands a job to the writer now and returns its answer, which comes
-    /// after COMMIT. Sent before the future is polled, so the future does
-    /// not borrow the store.
+    /// Hands a job to the writer (see `JobSender::submit`).
     fn submit<T: Send + 'static>(
         &self,
-        (job, answer): (writer::Job, oneshot::Receiver<Result<T, StoreError>>),
+        job: (writer::Job, oneshot::Receiver<Result<T, StoreError>>),
     ) -> BoxFuture<'static, Result<T, StoreError>> {
-        let sent = self.send(job);
-        Box::pin(async move {
-            sent?;
-            answer.await.map_err(|_| writer_stopped())?
-        })
+        self.jobs.submit(job)
     }
 
     /// Stops the writer after the jobs already sent, and waits for it.
@@ -156,9 +143,7 @@ impl SqliteStore {
     }
 
     fn stop_writer(&self) {
-        if let Ok(mut jobs) = self.jobs.lock() {
-            jobs.take();
-        }
+        self.jobs.close();
         let handle = self.writer.lock().ok().and_then(|mut h| h.take());
         if let Some(handle) = handle {
             let _ = handle.join();
@@ -173,10 +158,6 @@ impl SqliteStore {
     pub(crate) fn stop_writer_for_test(&self) {
         self.stop_writer();
     }
-}
-
-fn writer_stopped() -> StoreError {
-    StoreError::Unavailable("ledger writer has stopped".into())
 }
 
 /// Read-only WAL connections, kept open between reads. A reader never

@@ -1,55 +1,25 @@
 //! The single writer thread. rusqlite is synchronous, so the write
-//! connection lives on its own thread fed by a channel; every job waiting
-//! when a transaction starts joins it (group commit): one fsync for the
-//! batch, then each waiting session gets its answer. Nothing sleeps to
-//! collect a batch, so a lone job commits at once.
-
-use std::sync::Arc;
+//! connection lives on its own thread fed by a channel and runs the shared
+//! batch loop (`store::batch`): group commit, one fsync per batch. Here:
+//! the transaction, and the data directory's identity around it.
 
 use rusqlite::{Connection, Transaction, params};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use super::classify;
 use super::identity::DataDirIdentity;
+use crate::store::batch::{self, Answer, Answers, Pending, Reply, Wakers};
 use crate::store::{
     Acceptance, CommitOutcome, NewEvent, NewLedgerEntry, NewMessage, StoreError, UnixMillis,
 };
 
-/// Upper bound on jobs per transaction, to bound latency and memory.
-pub const MAX_BATCH: usize = 256;
+/// One write (see `batch::Job`), a closure over the transaction.
+pub(crate) type Job = batch::Job<dyn Work>;
 
-/// One write: acceptances, delivery claims and outcomes, purges alike, so
-/// the two paths share one lock holder and one fsync per batch.
-pub struct Job {
-    work: Box<dyn Work>,
-    /// The job may put a message in the queue: the delivery worker is woken
-    /// after the commit.
-    queues_mail: bool,
-    /// The job may write webhook events: the webhook sender is woken.
-    queues_events: bool,
-}
-
-/// Who to wake after a commit: the delivery worker (mail queued) and the
-/// webhook sender (events written).
-#[derive(Clone, Default)]
-pub struct Wakers {
-    pub mail: Arc<Notify>,
-    pub events: Arc<Notify>,
-}
-
-trait Work: Send {
+pub(crate) trait Work: Answer {
     /// Runs inside the batch's transaction. May run twice: a batch that
     /// fails is rolled back and each job retried alone.
     fn apply(&mut self, tx: &Transaction<'_>) -> rusqlite::Result<()>;
-    /// Answers the waiting caller, only after COMMIT. A caller that went
-    /// away no longer needs the answer; the commit stands either way.
-    fn finish(self: Box<Self>, error: Option<StoreError>);
-}
-
-struct Pending<T, F> {
-    write: F,
-    value: Option<T>,
-    reply: oneshot::Sender<Result<T, StoreError>>,
 }
 
 impl<T, F> Work for Pending<T, F>
@@ -58,18 +28,14 @@ where
     F: FnMut(&Transaction<'_>) -> rusqlite::Result<T> + Send,
 {
     fn apply(&mut self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
-        self.value = Some((self.write)(tx)?);
+        self.reply.keep((self.write)(tx)?);
         Ok(())
-    }
-
-    fn finish(self: Box<Self>, error: Option<StoreError>) {
-        let _ = self.reply.send(crate::store::job_result(error, self.value));
     }
 }
 
 impl Job {
     /// A write and the receiver of its result.
-    pub fn new<T, F>(
+    pub(crate) fn new<T, F>(
         queues_mail: bool,
         write: F,
     ) -> (Self, oneshot::Receiver<Result<T, StoreError>>)
@@ -77,32 +43,16 @@ impl Job {
         T: Send + 'static,
         F: FnMut(&Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
     {
-        let (reply, rx) = oneshot::channel();
+        let (reply, rx) = Reply::channel();
         let work = Box::new(Pending {
             write,
-            value: None,
             reply,
+            order: (),
         });
-        (
-            Job {
-                work,
-                queues_mail,
-                queues_events: false,
-            },
-            rx,
-        )
+        (Job::of(work, queues_mail), rx)
     }
 
-    /// Marks the job as one that writes webhook events (if `yes`).
-    pub fn with_events<T>(
-        (mut job, rx): (Self, oneshot::Receiver<T>),
-        yes: bool,
-    ) -> (Self, oneshot::Receiver<T>) {
-        job.queues_events = yes;
-        (job, rx)
-    }
-
-    pub fn commit(
+    pub(crate) fn commit(
         acceptance: Acceptance,
     ) -> (Self, oneshot::Receiver<Result<CommitOutcome, StoreError>>) {
         let queues_mail = acceptance.message.is_some();
@@ -113,88 +63,77 @@ impl Job {
         )
     }
 
-    pub fn purge(
+    pub(crate) fn purge(
         now: UnixMillis,
         limit: usize,
     ) -> (Self, oneshot::Receiver<Result<usize, StoreError>>) {
         Job::new(false, move |tx| purge_expired(tx, now, limit))
     }
-
-    fn finish(self, error: Option<StoreError>) {
-        self.work.finish(error);
-    }
 }
 
-pub fn run(
-    mut conn: Connection,
-    mut jobs: mpsc::UnboundedReceiver<Job>,
+pub(crate) fn run(
+    conn: Connection,
+    jobs: mpsc::UnboundedReceiver<Job>,
     identity: DataDirIdentity,
     wakers: Wakers,
 ) {
-    let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
-    let mut gone = false;
-    while let Some(first) = jobs.blocking_recv() {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match jobs.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
-        // A commit into a file that is no longer on disk is lost at the
-        // next start: refuse instead. Checked before the batch (to write
-        // nothing into a deleted file) and again after COMMIT, before any
-        // answer goes out, so an `rm -rf` during the commit gets a 451
-        // too. The same file back in place (a folder moved back) is ours
-        // again.
+    let mut writer = Writer {
+        conn,
+        identity,
+        gone: false,
+    };
+    batch::run_blocking(jobs, &wakers, |batch| writer.write(batch));
+    tracing::debug!("ledger writer stopped");
+}
+
+struct Writer {
+    conn: Connection,
+    identity: DataDirIdentity,
+    /// The data directory was gone at the last batch.
+    gone: bool,
+}
+
+impl Writer {
+    /// A commit into a file that is no longer on disk is lost at the next
+    /// start: refuse instead. Checked before the batch (to write nothing
+    /// into a deleted file) and again after COMMIT, before any answer goes
+    /// out, so an `rm -rf` during the commit gets a 451 too. The same file
+    /// back in place (a folder moved back) is ours again.
+    fn write(&mut self, batch: &mut Vec<Job>) -> Answers<dyn Work> {
         let mut answers = Vec::new();
-        let checked = identity.check().and_then(|()| {
-            answers = execute_batch(&mut conn, &mut batch);
-            identity.check()
+        let checked = self.identity.check().and_then(|()| {
+            answers = execute_batch(&mut self.conn, batch);
+            self.identity.check()
         });
         match checked {
             Ok(()) => {
-                if gone {
+                if self.gone {
                     tracing::warn!("the database is back at its path; accepting mail again");
-                    gone = false;
+                    self.gone = false;
                 }
-                let (mut woke_worker, mut woke_sender) = (false, false);
-                for (job, error) in answers {
-                    if job.queues_mail && error.is_none() && !woke_worker {
-                        // A stored permit if the worker is busy: never lost.
-                        wakers.mail.notify_one();
-                        woke_worker = true;
-                    }
-                    if job.queues_events && error.is_none() && !woke_sender {
-                        wakers.events.notify_one();
-                        woke_sender = true;
-                    }
-                    job.finish(error);
-                }
+                answers
             }
             Err(why) => {
-                if !gone {
+                if !self.gone {
                     tracing::error!(
                         "data directory gone: {why}; refusing mail (451) until the same files are back or the daemon restarts"
                     );
-                    gone = true;
+                    self.gone = true;
                 }
-                let error = || StoreError::Unavailable(format!("data directory gone: {why}"));
-                let jobs = batch
-                    .drain(..)
-                    .chain(answers.into_iter().map(|(job, _)| job));
-                jobs.for_each(|job| job.finish(Some(error())));
+                batch.extend(answers.into_iter().map(|(job, _)| job));
+                batch::refused(batch, || {
+                    StoreError::Unavailable(format!("data directory gone: {why}"))
+                })
             }
         }
     }
-    tracing::debug!("ledger writer stopped");
 }
 
 /// Commits the batch; each job with its error, if it failed. Answers
 /// nobody: the caller does, once it knows the file is still ours.
-fn execute_batch(conn: &mut Connection, batch: &mut Vec<Job>) -> Vec<(Job, Option<StoreError>)> {
+fn execute_batch(conn: &mut Connection, batch: &mut Vec<Job>) -> Answers<dyn Work> {
     match apply_all(conn, batch) {
-        Ok(()) => batch.drain(..).map(|job| (job, None)).collect(),
+        Ok(()) => batch::committed(batch),
         Err(e) => {
             // One bad job must not fail its neighbours: retry each alone,
             // so only the job that really fails gets the error.
