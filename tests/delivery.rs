@@ -998,3 +998,37 @@ async fn an_expired_lease_is_claimed_again_on_the_workers_clock() {
     assert!(written.exists(), "delivered by this worker");
     worker.shutdown().await;
 }
+
+/// Issue 24: by default a delivered message's body leaves with its last
+/// recipient's final outcome (the row and its history stay for `status`),
+/// and an identical retry under its key is still a replay.
+#[tokio::test]
+async fn a_delivered_message_keeps_no_body_by_default() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = Daemon::start(Options {
+        relay: Some(format!(
+            "[relay]\nmode = \"file\"\ndir = \"{}\"\nkeep_bodies = false\n",
+            dir.path().display()
+        )),
+        extra: FAST.into(),
+        store: common::Store::Sqlite,
+        ..Options::default()
+    });
+    let rcpts = ["x@example.net"];
+    let keyed = message(Some("body-goes-k1"), "one");
+    let id = submit(&d, "bob", "bob@example.test", &rcpts, &keyed).await;
+    assert_eq!(wait_state(&d, &id, "delivered").await, 1);
+    let bodies = d.count(&format!(
+        "SELECT COUNT(*) FROM message_body WHERE queue_id = '{id}'"
+    ));
+    assert_eq!(bodies, 0, "the body went with the delivery");
+    assert_eq!(d.queue_count(), 1, "the row stays for status");
+    assert_eq!(
+        submit(&d, "bob", "bob@example.test", &rcpts, &keyed).await,
+        id,
+        "a retry is still answered from the ledger"
+    );
+    let status = d.cli(&["status", &id]);
+    assert!(status.status.success(), "{status:?}");
+    assert!(String::from_utf8_lossy(&status.stdout).contains("state:        delivered"));
+}

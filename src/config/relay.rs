@@ -33,6 +33,10 @@ pub struct RawRelay {
     /// How long delivered, failed and expired messages stay in the queue
     /// (for `status`) before the worker removes them and their bodies.
     pub keep_finished: String,
+    /// Keep a finished message's body (and trace) for `keep_finished` too;
+    /// by default it is removed when the last recipient reaches a final
+    /// state, and only the row and its attempts stay.
+    pub keep_bodies: bool,
     /// Messages delivered at the same time, in total.
     pub workers: usize,
     /// Concurrent transactions to one destination (smarthost or MX domain).
@@ -79,6 +83,7 @@ impl Default for RawRelay {
                 .to_vec(),
             max_age: "5d".into(),
             keep_finished: "7d".into(),
+            keep_bodies: false,
             // Postfix's own defaults (default_process_limit, and
             // default_destination_concurrency_limit): enough to keep a
             // local smarthost busy on 2 cores, still polite to a remote MX.
@@ -117,6 +122,7 @@ pub struct Delivery {
     pub retry_schedule: Vec<Duration>,
     pub max_age: Duration,
     pub keep_finished: Duration,
+    pub keep_bodies: bool,
     pub workers: usize,
     pub max_per_destination: usize,
     pub pool_size: usize,
@@ -239,6 +245,7 @@ pub(super) fn check_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Del
         retry_schedule,
         max_age,
         keep_finished,
+        keep_bodies: r.keep_bodies,
         workers: r.workers,
         max_per_destination: r.max_per_destination,
         pool_size: r.pool_size.unwrap_or(r.max_per_destination),

@@ -57,6 +57,7 @@ pub fn outcome(
     at: UnixMillis,
     bounce: Option<NewMessage>,
     events: Vec<NewEvent>,
+    keep_body: bool,
 ) -> AttemptOutcome {
     AttemptOutcome {
         id: id.to_owned(),
@@ -76,6 +77,7 @@ pub fn outcome(
         last_error: plan.last_error.clone(),
         bounce,
         events,
+        keep_body,
     }
 }
 

@@ -47,6 +47,8 @@ struct Ctx {
     lease: Duration,
     poll_interval: Duration,
     keep_finished: Duration,
+    /// `relay.keep_bodies`: keep finished messages' bodies.
+    keep_bodies: bool,
     limiter: Limiter,
     /// Messages with an attempt under way here, until its outcome is
     /// recorded: never claimed again meanwhile, even past their lease (a
@@ -103,6 +105,7 @@ impl Worker {
             lease: d.lease,
             poll_interval: d.poll_interval,
             keep_finished: d.keep_finished,
+            keep_bodies: d.keep_bodies,
             limiter: Limiter::new(d.max_per_destination),
             in_flight: Mutex::new(HashSet::new()),
             test_pause: d.test_pause_after_send,
@@ -422,7 +425,12 @@ async fn deliver_one(
         attempt: loaded.attempts + 1,
         at: now,
     }));
-    if record(&ctx, queue::outcome(&id, &plan, now, bounce, routed.events)).await {
+    if record(
+        &ctx,
+        queue::outcome(&id, &plan, now, bounce, routed.events, ctx.keep_bodies),
+    )
+    .await
+    {
         routed.handover.committed();
     }
 }

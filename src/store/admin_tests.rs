@@ -118,6 +118,62 @@ impl Bed {
         assert_eq!(outcome, CommitOutcome::Committed);
     }
 
+    /// How many bodies the store holds for `id` (0 or 1).
+    async fn bodies(&self, id: &str) -> i64 {
+        match (&self._dir, &self.pg) {
+            (Some(dir), _) => rusqlite::Connection::open(dir.path().join("smtp-once.db"))
+                .expect("open")
+                .query_row(
+                    "SELECT COUNT(*) FROM message_body WHERE queue_id = ?1",
+                    [id],
+                    |r| r.get(0),
+                )
+                .expect("count"),
+            (None, Some(name)) => {
+                let (client, conn) =
+                    tokio_postgres::connect(&format!("{SERVER}/{name}"), tokio_postgres::NoTls)
+                        .await
+                        .expect("connect");
+                tokio::spawn(conn);
+                client
+                    .query_one(
+                        "SELECT COUNT(*) FROM message_body WHERE queue_id = $1",
+                        &[&id],
+                    )
+                    .await
+                    .expect("count")
+                    .get(0)
+            }
+            (None, None) => unreachable!("a bed has a store"),
+        }
+    }
+
+    /// One attempt that finishes `id`: both recipients delivered.
+    async fn deliver(&self, id: &str, keep_body: bool) {
+        self.claim(id).await;
+        let now = now_millis();
+        let row = |rcpt: &str| AttemptRow {
+            recipient: rcpt.into(),
+            outcome: "delivered",
+            reply: "250 ok".into(),
+            next_hop: None,
+        };
+        self.store
+            .record(AttemptOutcome {
+                id: id.into(),
+                at: now,
+                rows: vec![row("a@example.net"), row("b@example.net")],
+                state: MessageState::Delivered,
+                next_attempt_at: None,
+                last_error: None,
+                bounce: None,
+                events: Vec::new(),
+                keep_body,
+            })
+            .await
+            .expect("record");
+    }
+
     /// Claims `id` (alone in the queue's due set) for a minute.
     async fn claim(&self, id: &str) {
         let now = now_millis();
@@ -152,6 +208,7 @@ impl Bed {
                 last_error: Some("451 later".into()),
                 bounce: None,
                 events: Vec::new(),
+                keep_body: true,
             })
             .await
             .expect("record");
@@ -471,6 +528,7 @@ async fn cancel_refused_under_a_live_lease_and_sticks_after_one(bed: &Bed) {
             last_error: Some("451 later".into()),
             bounce: None,
             events: Vec::new(),
+            keep_body: true,
         })
         .await
         .expect("record");
@@ -548,6 +606,22 @@ async fn a_change_commits_with_its_record_or_not_at_all(bed: &Bed) {
     );
 }
 
+async fn a_body_leaves_with_the_last_recipient_unless_kept(bed: &Bed) {
+    bed.seed("Q1", "w1").await;
+    bed.defer("Q1").await;
+    // Deferred: the body is still needed.
+    assert_eq!(bed.bodies("Q1").await, 1);
+    bed.admin.retry("Q1").await.expect("due now");
+    bed.deliver("Q1", false).await;
+    assert_eq!(bed.bodies("Q1").await, 0, "delivered: body removed");
+    let (m, attempts) = bed.admin.show("Q1").await.expect("show");
+    assert_eq!(m.state, MessageState::Delivered);
+    assert_eq!(attempts.len(), 4, "the history stays");
+    bed.seed("Q2", "w1").await;
+    bed.deliver("Q2", true).await;
+    assert_eq!(bed.bodies("Q2").await, 1, "relay.keep_bodies keeps it");
+}
+
 /// A `#[tokio::test]` per backend for each body.
 macro_rules! conformance {
     ($($body:ident),* $(,)?) => {
@@ -587,4 +661,5 @@ conformance!(
     cancel_refused_under_a_live_lease_and_sticks_after_one,
     another_workspace_is_not_found_and_the_refusal_is_recorded,
     a_change_commits_with_its_record_or_not_at_all,
+    a_body_leaves_with_the_last_recipient_unless_kept,
 );

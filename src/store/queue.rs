@@ -49,6 +49,10 @@ pub struct AttemptOutcome {
     pub bounce: Option<NewMessage>,
     /// Webhook events caused by this attempt, written with its record.
     pub events: Vec<NewEvent>,
+    /// Keep the body when this attempt finishes the message (delivered,
+    /// failed or expired); otherwise it is removed in the same transaction,
+    /// and the row and its attempts stay until `keep_finished`.
+    pub keep_body: bool,
 }
 
 pub trait DeliveryQueue: Send + Sync + 'static {
@@ -123,4 +127,15 @@ pub(crate) fn after_attempt(outcome: MessageState, current: &str) -> MessageStat
     } else {
         outcome
     }
+}
+
+/// Whether a message in `state` is finished: no attempt will need its body.
+pub(crate) fn is_final(state: MessageState) -> bool {
+    matches!(
+        state,
+        MessageState::Delivered
+            | MessageState::Failed
+            | MessageState::Expired
+            | MessageState::Cancelled
+    )
 }

@@ -410,12 +410,17 @@ pub fn config_text(o: &Options, dir: &Path) -> String {
             users.push_str(&format!("allowed_senders = [\"{s}\"]\n"));
         }
     }
-    let relay = o.relay.clone().unwrap_or_else(|| {
+    let mut relay = o.relay.clone().unwrap_or_else(|| {
         format!(
             "[relay]\nmode = \"file\"\ndir = \"{}\"",
             dir.join("outbox").display()
         )
     });
+    // Tests read the stored message after its delivery: keep bodies
+    // unless the test sets `keep_bodies` itself.
+    if !relay.contains("keep_bodies") {
+        relay.push_str("\nkeep_bodies = true\n");
+    }
     let plain_addr = o.plain_addr.as_deref().unwrap_or("127.0.0.1:0");
     let node_id = o
         .node_id

@@ -115,6 +115,7 @@ async fn a_record_writes_events_only_while_the_message_exists() {
         last_error: None,
         bounce: None,
         events: vec![event(&format!("done-{id}"), "hook")],
+        keep_body: true,
     };
     let sql = db.sql().await;
     sql.execute("DELETE FROM queue WHERE id = 'R1'", &[])

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use super::housekeeping::age_of;
 use super::outbox::insert_events;
 use super::{PgStore, i64_of, insert_message, writer::Job};
+use crate::store::queue::{after_attempt, is_final};
 use crate::store::{
     AttemptOutcome, BoxFuture, ClaimedMessage, DeliveryQueue, MessageState, StoreError, UnixMillis,
     now_millis,
@@ -116,7 +117,7 @@ impl DeliveryQueue for PgStore {
                     )
                     .await?;
                 }
-                let state = crate::store::queue::after_attempt(o.state, &current);
+                let state = after_attempt(o.state, &current);
                 // The node's next-attempt time, as a wait from its clock,
                 // becomes a time on the database's.
                 let wait = o.next_attempt_at.map(|t| t - o.at);
@@ -133,6 +134,15 @@ impl DeliveryQueue for PgStore {
                     &[&o.id, &state.as_str(), &wait, &o.last_error],
                 )
                 .await?;
+                // Finished: nothing will send it again (`relay.keep_bodies`).
+                if is_final(state) && !o.keep_body {
+                    c.execute(
+                        &c.prepare_cached("DELETE FROM message_body WHERE queue_id = $1")
+                            .await?,
+                        &[&o.id],
+                    )
+                    .await?;
+                }
                 if let Some(bounce) = &o.bounce {
                     insert_message(c, bounce).await?;
                 }

@@ -238,6 +238,7 @@ async fn two_nodes_claim_apart_and_a_dead_nodes_lease_passes_on() {
         last_error: None,
         bounce: None,
         events: Vec::new(),
+        keep_body: true,
     };
     assert_eq!(
         a.record(outcome).await.expect("record"),

@@ -121,6 +121,7 @@ async fn a_record_writes_its_events_unless_the_message_was_deleted() {
         last_error: None,
         bounce: None,
         events: vec![event(ev, "e1", 200)],
+        keep_body: true,
     };
     assert!(
         store

@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use super::writer::insert_events;
 use super::{Readers, SqliteStore, insert_message, writer};
-use crate::store::queue::after_attempt;
+use crate::store::queue::{after_attempt, is_final};
 use crate::store::{
     AttemptOutcome, BoxFuture, ClaimedMessage, DeliveryQueue, MessageState, StoreError, UnixMillis,
 };
@@ -149,6 +149,11 @@ fn record_on(tx: &Transaction<'_>, o: &AttemptOutcome) -> rusqlite::Result<Optio
         o.last_error,
         o.at
     ])?;
+    // Finished: nothing will send it again (`relay.keep_bodies`).
+    if is_final(state) && !o.keep_body {
+        tx.prepare_cached("DELETE FROM message_body WHERE queue_id = ?1")?
+            .execute([&o.id])?;
+    }
     if let Some(bounce) = &o.bounce {
         insert_message(tx, bounce)?;
     }

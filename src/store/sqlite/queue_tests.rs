@@ -71,6 +71,7 @@ fn attempt(
         last_error: None,
         bounce: None,
         events: Vec::new(),
+        keep_body: true,
     }
 }
 
