@@ -213,6 +213,9 @@ fn companion(db_path: &Path, suffix: &str) -> PathBuf {
 
 const STATEMENT_CACHE: usize = 128;
 
+/// `journal_size_limit`: the WAL file's size kept after a reset (64 MiB).
+const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
+
 fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection> {
     let flags = if read_only {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
@@ -232,6 +235,10 @@ fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection>
         // FULL: a commit survives power loss, which a 250 promises.
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
+        // A WAL that grew under a burst is cut back to this after the
+        // checkpoint that resets it, instead of keeping its peak size
+        // on disk for good.
+        conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
     }
     Ok(conn)
 }

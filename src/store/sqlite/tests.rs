@@ -202,3 +202,33 @@ async fn ready_and_queue_depth() {
         Err(StoreError::Unavailable(_))
     ));
 }
+
+/// Issue 24: a WAL that grew past `journal_size_limit` under a burst is cut
+/// back once a checkpoint has reset it, instead of keeping its peak size.
+#[test]
+fn a_grown_wal_is_cut_back_after_it_restarts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("wal-test.db");
+    let conn = super::open_connection(&path, false).expect("open");
+    conn.pragma_update(None, "wal_autocheckpoint", 0)
+        .expect("no autocheckpoint");
+    conn.execute_batch("CREATE TABLE blob (b BLOB)")
+        .expect("table");
+    let chunk = vec![7u8; 1024 * 1024];
+    conn.execute_batch("BEGIN").expect("begin");
+    for _ in 0..(super::WAL_SIZE_LIMIT / (1024 * 1024) + 8) {
+        conn.execute("INSERT INTO blob VALUES (?1)", [&chunk])
+            .expect("insert");
+    }
+    conn.execute_batch("COMMIT").expect("commit");
+    let wal = dir.path().join("wal-test.db-wal");
+    let grown = std::fs::metadata(&wal).expect("wal").len();
+    assert!(grown > super::WAL_SIZE_LIMIT as u64, "{grown}");
+    conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))
+        .expect("checkpoint");
+    // The next write starts the WAL over, and truncates it to the limit.
+    conn.execute("DELETE FROM blob WHERE rowid = 1", [])
+        .expect("write");
+    let after = std::fs::metadata(&wal).expect("wal").len();
+    assert!(after <= super::WAL_SIZE_LIMIT as u64, "{after}");
+}
