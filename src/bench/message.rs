@@ -10,8 +10,23 @@ const LINE_BYTES: usize = LINE_CHARS + 2;
 /// Printable filler; rotated per line so the body is not one repeated line.
 const FILLER: &[u8] = b"The quick brown fox jumps over the lazy dog 0123456789 smtp-once bench. ";
 
+/// How the bench's idempotency keys look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum KeyStyle {
+    /// UUID v4-shaped (version and variant bits set), spread over the whole
+    /// key space as real clients' keys are: derived from the run's prefix,
+    /// the connection and the sequence number by SHA-256, so a run with the
+    /// same `--key-prefix` sends the same keys again.
+    #[default]
+    Uuid,
+    /// `<prefix>-<connection>-<sequence>`: keys that sort together, landing
+    /// in a few hot spots of the ledger's index (the best case for it).
+    Sequential,
+}
+
 pub(super) struct MessageTemplate {
     prefix: Vec<u8>,
+    style: KeyStyle,
     /// `false` for `--no-key`: the key header is left out entirely.
     with_key: bool,
     /// Static headers, blank line, dot-stuffed body and the final ".\r\n".
@@ -23,6 +38,7 @@ impl MessageTemplate {
     /// dot-stuffing and without the terminating ".").
     pub(super) fn new(
         prefix: &str,
+        style: KeyStyle,
         with_key: bool,
         from: &str,
         to: &str,
@@ -47,6 +63,7 @@ impl MessageTemplate {
 
         let mut this = Self {
             prefix: prefix.as_bytes().to_vec(),
+            style,
             with_key,
             tail: Vec::new(),
         };
@@ -84,11 +101,16 @@ impl MessageTemplate {
     }
 
     fn push_key(&self, conn: usize, seq: u64, buf: &mut Vec<u8>) {
-        buf.extend_from_slice(&self.prefix);
-        buf.push(b'-');
-        push_u64(buf, conn as u64);
-        buf.push(b'-');
-        push_u64(buf, seq);
+        match self.style {
+            KeyStyle::Sequential => {
+                buf.extend_from_slice(&self.prefix);
+                buf.push(b'-');
+                push_u64(buf, conn as u64);
+                buf.push(b'-');
+                push_u64(buf, seq);
+            }
+            KeyStyle::Uuid => push_uuid(&self.prefix, conn, seq, buf),
+        }
     }
 }
 
@@ -117,6 +139,30 @@ fn push_body(out: &mut Vec<u8>, len: usize) {
             out.insert(start, b'.');
         }
         out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// A UUID v4-shaped key for `(prefix, conn, seq)`: 16 bytes of their
+/// SHA-256 with the version (4) and variant (10xx) bits set, as
+/// `xxxxxxxx-xxxx-4xxx-yxxx-xxxxxxxxxxxx`.
+fn push_uuid(prefix: &[u8], conn: usize, seq: u64, buf: &mut Vec<u8>) {
+    use sha2::{Digest, Sha256};
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut h = Sha256::new();
+    h.update(prefix);
+    h.update((conn as u64).to_le_bytes());
+    h.update(seq.to_le_bytes());
+    let digest = h.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    for (i, b) in bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            buf.push(b'-');
+        }
+        buf.push(HEX[usize::from(b >> 4)]);
+        buf.push(HEX[usize::from(b & 0x0f)]);
     }
 }
 
@@ -205,7 +251,15 @@ mod tests {
     #[test]
     fn size_lines_and_stuffing() {
         for size in [0usize, 100, 300, 1000, 4096, 65_536] {
-            let t = MessageTemplate::new("pfx", true, "a@b.test", "c@d.test", size, "x");
+            let t = MessageTemplate::new(
+                "pfx",
+                KeyStyle::Sequential,
+                true,
+                "a@b.test",
+                "c@d.test",
+                size,
+                "x",
+            );
             let mut buf = Vec::new();
             t.render(3, 17, &mut buf);
             let lines = unstuff_body(&buf);
@@ -229,16 +283,55 @@ mod tests {
 
     #[test]
     fn render_is_deterministic() {
-        let t = MessageTemplate::new("p", true, "a@b.test", "c@d.test", 2000, "x");
+        let t = MessageTemplate::new("p", KeyStyle::Uuid, true, "a@b.test", "c@d.test", 2000, "x");
         let (mut a, mut b) = (Vec::new(), Vec::new());
         t.render(1, 5, &mut a);
         t.render(2, 9, &mut b);
         t.render(1, 5, &mut b);
         assert_eq!(a, b);
-        let t = MessageTemplate::new("p", false, "a@b.test", "c@d.test", 2000, "x");
+        let t = MessageTemplate::new(
+            "p",
+            KeyStyle::Sequential,
+            false,
+            "a@b.test",
+            "c@d.test",
+            2000,
+            "x",
+        );
         t.render(1, 5, &mut a);
         assert!(a.starts_with(b"Message-ID: <p-1-5@"));
         assert!(!a.windows(9).any(|w| w == b"X-Bird-Id"));
+    }
+
+    #[test]
+    fn uuid_keys_are_v4_shaped_spread_and_repeatable() {
+        let key = |prefix: &str, conn, seq| {
+            let mut buf = Vec::new();
+            push_uuid(prefix.as_bytes(), conn, seq, &mut buf);
+            String::from_utf8(buf).expect("ascii")
+        };
+        let k = key("p", 1, 5);
+        let parts: Vec<&str> = k.split('-').collect();
+        assert_eq!(
+            parts.iter().map(|p| p.len()).collect::<Vec<_>>(),
+            [8, 4, 4, 4, 12],
+            "{k}"
+        );
+        assert!(
+            uuid::Uuid::parse_str(&k).is_ok_and(|u| u.get_version_num() == 4),
+            "{k}"
+        );
+        assert!(
+            matches!(parts[3].as_bytes()[0], b'8' | b'9' | b'a' | b'b'),
+            "{k}"
+        );
+        assert_eq!(key("p", 1, 5), k, "the same run prefix gives the same key");
+        assert_ne!(key("q", 1, 5), k);
+        // Consecutive messages do not share a leading hex digit by rule:
+        // over 256 of them every first digit turns up.
+        let firsts: std::collections::HashSet<u8> =
+            (0..256).map(|s| key("p", 0, s).as_bytes()[0]).collect();
+        assert_eq!(firsts.len(), 16);
     }
 
     #[test]

@@ -21,6 +21,7 @@ use base64::Engine as _;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
+pub use self::message::KeyStyle;
 use self::message::{MessageTemplate, Rng};
 use self::smtp::{Conn, SessionConfig, TlsMode};
 use self::stats::ConnStats;
@@ -74,6 +75,10 @@ pub struct BenchArgs {
     /// determined by it, so a second run with the same prefix measures replays.
     #[arg(long)]
     pub key_prefix: Option<String>,
+    /// uuid (default: UUID v4-shaped keys over the whole key space, as
+    /// real clients send) or sequential (`<prefix>-<conn>-<seq>`)
+    #[arg(long, value_enum, default_value_t = KeyStyle::Uuid)]
+    pub key_style: KeyStyle,
     /// machine-readable summary on stdout
     #[arg(long)]
     pub json: bool,
@@ -556,6 +561,7 @@ fn build_shared(args: &BenchArgs) -> Result<Shared, BenchError> {
     };
     let template = MessageTemplate::new(
         &prefix,
+        args.key_style,
         !args.no_key,
         &args.from,
         &args.to,

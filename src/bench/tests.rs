@@ -246,6 +246,7 @@ fn args(addr: SocketAddr, connections: usize, messages: u64) -> BenchArgs {
         from: "bench@example.test".into(),
         to: "sink@example.test".into(),
         key_prefix: None,
+        key_style: KeyStyle::Sequential,
         json: false,
         quiet: true,
     }
