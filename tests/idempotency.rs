@@ -541,7 +541,7 @@ async fn retention_window_ends_on_the_acceptors_clock() {
     let config = common::in_process::config(dir.path(), "[idempotency]\nretention = \"1h\"\n");
     let store = common::in_process::store(&config);
     let clock = common::in_process::clock();
-    let acceptor = smtp_once::server::acceptor(&config, store, Default::default())
+    let acceptor = smtp_once::cli::serve::acceptor(&config, store, Default::default())
         .expect("acceptor")
         .with_clock(clock.clone());
     let submit = |body: &str| {

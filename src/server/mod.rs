@@ -1,6 +1,7 @@
 //! The SMTP listeners (plain, STARTTLS, implicit TLS) behind the
-//! [`front_door`](crate::front_door) (caps, bans, refusals), graceful
-//! shutdown, and the background purge of expired ledger entries.
+//! [`front_door`](crate::front_door) (caps, bans, refusals) and their
+//! graceful shutdown. The node they serve (acceptor, authenticator, door,
+//! budget) is built by `cli/serve.rs`.
 
 pub mod connection;
 mod deadline;
@@ -15,65 +16,13 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::accept::Acceptor;
-use crate::auth::{AuthError, Authenticator, NewAccount};
+use crate::auth::Authenticator;
 use crate::budget::InFlightBudget;
 use crate::config::{Config, TlsMode};
 use crate::smtp::session::{Session, SessionConfig};
-use crate::store::{Store, now_millis};
 
 use crate::front_door::{Door, Entrance, Gate, Wording};
 use deadline::TimeLimits;
-
-/// The acceptance pipeline for a node's configuration, shared by every
-/// channel; `webhooks` routes its `message.accepted` events.
-pub fn acceptor(
-    config: &Config,
-    store: Arc<dyn Store>,
-    webhooks: crate::webhook::Router,
-) -> Result<Acceptor, String> {
-    Acceptor::new(
-        store,
-        config.retention,
-        config.hostname.clone(),
-        &config.limits,
-        crate::idempotency::volatile::VolatileHeaders::new(config.volatile_headers.iter().cloned()),
-    )
-    .map(|a| {
-        a.with_webhooks(webhooks)
-            .with_dkim(crate::dkim::Signers::new(config.dkim.clone()))
-            .with_transit(crate::idempotency::transit::TransitHeaders::new(
-                config.transit_headers.iter().cloned(),
-            ))
-            .with_trace(crate::trace::TraceOptions {
-                auth: config.received_auth_header,
-            })
-            .with_key_headers(crate::idempotency::key::KeyHeaders::new(
-                config.key_headers.iter().cloned(),
-            ))
-    })
-}
-
-/// The account directory from `[[user]]`, `[[trusted_network]]` and
-/// `[auth]`: one per node, shared by every channel so that failures on
-/// any of them feed the same bans.
-pub fn authenticator(config: &Config) -> Result<Authenticator, AuthError> {
-    let accounts = config
-        .users
-        .iter()
-        .map(|u| NewAccount {
-            name: u.name.clone(),
-            password_hash: u.password_hash.clone(),
-            workspace: u.workspace.clone(),
-            allowed_senders: u.allowed_senders.clone(),
-        })
-        .collect();
-    let trusted = config
-        .trusted_networks
-        .iter()
-        .map(|t| (t.cidr, t.workspace.clone()))
-        .collect();
-    Authenticator::new(accounts, trusted, &config.auth)
-}
 
 /// What every connection task shares.
 pub struct Shared {
@@ -100,7 +49,6 @@ impl Server {
     /// claims per node for both channels.
     pub async fn start(
         config: &Config,
-        store: Arc<dyn Store>,
         acceptor: Arc<Acceptor>,
         auth: Arc<Authenticator>,
         door: Arc<Door>,
@@ -155,7 +103,6 @@ impl Server {
                 config.shutdown_grace,
             ));
         }
-        tasks.spawn(purge_loop(store, config.purge_interval, shutdown_rx));
         Ok(Server {
             addrs,
             shutdown,
@@ -217,34 +164,4 @@ async fn accept_loop(
         }
     };
     crate::front_door::serve(socket, door, entrance, handler, shutdown, grace).await;
-}
-
-async fn purge_loop(
-    store: Arc<dyn Store>,
-    interval: Duration,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    const BATCH: usize = 500;
-    let interval = interval.max(Duration::from_millis(100));
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = shutdown.wait_for(|stop| *stop) => return,
-        }
-        // Small batches keep each write transaction short, so acceptances
-        // never queue behind a large delete.
-        loop {
-            match store.purge_expired(now_millis(), BATCH).await {
-                Ok(n) if n > 0 => tracing::debug!(purged = n, "expired ledger entries removed"),
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::warn!(error = %e, "ledger purge failed");
-                    break;
-                }
-            }
-            if *shutdown.borrow() {
-                return;
-            }
-        }
-    }
 }

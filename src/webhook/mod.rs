@@ -1,12 +1,11 @@
 //! Delivery-status webhooks (Standard Webhooks): `route` turns a state
 //! change into outbox rows (written by the store in the state change's own
 //! transaction), `sender` POSTs them signed (`sign`) and retries per
-//! `policy`, `ops` are the operator commands. `handoff` gives fresh events
-//! to this node's sender without a claim.
+//! `policy`. `handoff` gives fresh events to this node's sender without a
+//! claim. The operator commands are `cli/webhooks.rs`.
 
 pub mod handoff;
 mod http;
-pub mod ops;
 pub mod policy;
 pub mod route;
 pub mod sender;

@@ -48,7 +48,7 @@ pub enum WebhooksCommand {
     },
 }
 
-pub fn run(command: WebhooksCommand) -> Result<(), String> {
+pub(super) fn run(command: WebhooksCommand) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
