@@ -7,7 +7,7 @@
 # and p99 per build and channel, then the medians and after/before.
 #
 #   OLD_BIN=/path/to/old/smtp-once NEW_BIN=target/release/smtp-once benches/front_door.sh
-#   ROUNDS=3 SECONDS_PER_RUN=15 (defaults)
+#   ROUNDS=3 SECONDS_PER_RUN=15 (defaults); BENCH_BIN: the load generator (default NEW_BIN)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROUNDS=${ROUNDS:-3}
@@ -15,6 +15,9 @@ export SECONDS_PER_RUN=${SECONDS_PER_RUN:-15} CONNS=${CONNS:-32} SIZE=${SIZE:-40
 : "${OLD_BIN:?OLD_BIN: the smtp-once binary from before (e.g. a release build of the previous commit)}"
 NEW_BIN=${NEW_BIN:-target/release/smtp-once}
 [ -x "$NEW_BIN" ] || cargo build --release --quiet
+# One load generator for both builds (the new one's: its default key style,
+# UUID v4, for both), so only the server differs.
+export BENCH_BIN=${BENCH_BIN:-$NEW_BIN}
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
 for round in $(seq "$ROUNDS"); do

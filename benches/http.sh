@@ -20,6 +20,9 @@ WORKDIR=${WORKDIR:-/tmp/smtp-once-http-bench}
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 command -v wrk >/dev/null || { apt-get install -y wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)" >&2; exit 1; }; }
 BIN=${SMTP_ONCE_BIN:-target/release/smtp-once}
+# The load generator: the server's own by default; front_door.sh drives two
+# builds with one bench, so both get the same keys.
+BENCH_BIN=${BENCH_BIN:-$BIN}
 [ -n "${SMTP_ONCE_BIN:-}" ] || cargo build --release --quiet
 rm -rf "$WORKDIR" && mkdir -p "$WORKDIR"
 trap 'kill $PID 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORKDIR"' EXIT
@@ -57,7 +60,7 @@ queued() { python3 -c 'import sqlite3,sys; print(sqlite3.connect(f"file:{sys.arg
 acked=0
 printf '%-6s %-5s %10s %9s %14s\n' round what msgs/s "p99 ms" "/metrics ms"
 for round in $(seq "$ROUNDS"); do
-  smtp=$("$BIN" bench --server 127.0.0.1:25301 -c "$CONNS" --duration "$SECONDS_PER_RUN" --size "$SIZE" --json --quiet)
+  smtp=$("$BENCH_BIN" bench --server 127.0.0.1:25301 -c "$CONNS" --duration "$SECONDS_PER_RUN" --size "$SIZE" --json --quiet)
   read -r s_rate s_p99 s_ok < <(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print(round(r["msgs_per_sec"]), r["latency_ms"]["p99"], r["replies"].get("250",0))' "$smtp")
   acked=$((acked + s_ok))
   # Scrape /metrics every 0.5 s while wrk runs.
