@@ -22,7 +22,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use smtp_once::store::now_millis;
-use smtp_once::trace::parse_rfc3339_utc;
+use smtp_once::time::parse_rfc3339_utc;
 
 #[derive(Default)]
 struct Stats {

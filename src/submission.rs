@@ -1,7 +1,7 @@
 //! What every front (SMTP, the HTTP API) hands the acceptance pipeline: a
 //! complete message with its envelope and who submitted it. Ground floor:
-//! the fronts build it, `accept` and `trace` read it, and none of them
-//! needs to know another front for that.
+//! the fronts build it, `accept` reads it (and writes its `Received:`
+//! header from it), and none of them needs to know another front for that.
 
 use std::net::SocketAddr;
 

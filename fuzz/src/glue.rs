@@ -14,10 +14,9 @@ use smtp_once::config::Config;
 use smtp_once::content_check::check_content;
 use smtp_once::http::compose::from_json as compose_json;
 use smtp_once::idempotency::fingerprint::fingerprint as message_fingerprint;
-use smtp_once::idempotency::key::{
-    MAX_KEY_CHARS, extract_key, header_section_len, top_level_headers,
-};
+use smtp_once::idempotency::key::{MAX_KEY_CHARS, extract_key};
 use smtp_once::idempotency::volatile::VolatileHeaders;
+use smtp_once::message::headers::{header_section_len, top_level_headers};
 use smtp_once::smtp::path_command::{parse_mail, parse_rcpt};
 use smtp_once::smtp::session::{Action, Session, SessionConfig};
 use smtp_once::submission::Submission;

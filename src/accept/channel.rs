@@ -8,7 +8,7 @@
 
 use crate::content_check::ContentFault;
 use crate::idempotency::key::KeyError;
-use crate::idempotency::mime_limits::MimeLimitError;
+use crate::message::mime_limits::MimeLimitError;
 use crate::store::LedgerEntry;
 
 use super::from_header::SenderRefusal;

@@ -5,10 +5,10 @@
 
 use crate::idempotency::fingerprint::{Fingerprint, fingerprint_checked, keyed_fingerprint};
 use crate::idempotency::key::{KeyError, KeyHeaders};
-use crate::idempotency::mime_limits::{self, MimeLimitError, MimeLimits};
 use crate::idempotency::request::{request_fingerprint, request_key};
 use crate::idempotency::transit::TransitHeaders;
 use crate::idempotency::volatile::VolatileHeaders;
+use crate::message::mime_limits::{self, MimeLimitError, MimeLimits};
 use crate::submission::Submission;
 
 use super::channel::KeySource;

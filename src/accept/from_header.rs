@@ -19,7 +19,7 @@
 //! (RFC 6532); control characters are not. Group syntax is refused.
 
 use crate::auth::{Account, Submitter};
-use crate::idempotency::key::header_section_len;
+use crate::message::headers::header_section_len;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FromError {

@@ -18,6 +18,7 @@ mod facts;
 pub mod from_header;
 pub mod operation;
 pub mod pool;
+mod received;
 mod sign;
 
 use std::sync::Arc;
@@ -32,16 +33,15 @@ use crate::idempotency::decision::{Decision, decide};
 use crate::idempotency::fingerprint::Fingerprint;
 use crate::idempotency::key::KeyHeaders;
 use crate::idempotency::key_hash;
-use crate::idempotency::mime_limits::MimeLimits;
 use crate::idempotency::transit::TransitHeaders;
 use crate::idempotency::volatile::VolatileHeaders;
+use crate::message::mime_limits::MimeLimits;
 use crate::metrics::{self, Outcome};
 use crate::store::{
     Acceptance, CommitOutcome, LedgerEntry, NewLedgerEntry, NewMessage, Store, StoreError,
     UnixMillis, queue_id,
 };
 use crate::submission::Submission;
-use crate::trace::{TraceOptions, received_header};
 use crate::webhook::Router;
 use crate::webhook::route::Accepted;
 use channel::{Channel, KeySource};
@@ -49,6 +49,8 @@ use channel::{Channel, KeySource};
 use facts::{Facts, IdentityRules, Verdict, earlier_fingerprints};
 use from_header::SenderRefusal;
 use pool::Pool;
+pub use received::TraceOptions;
+use received::received_header;
 
 /// Messages up to this size are looked at on the async worker: that takes
 /// microseconds, and even unchecked (32 bytes a level) they cannot nest deep

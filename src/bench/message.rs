@@ -183,7 +183,7 @@ fn push_u64(buf: &mut Vec<u8>, mut n: u64) {
 
 /// RFC 5322 date of "now" in UTC, computed once per run.
 pub(super) fn rfc5322_now() -> String {
-    crate::trace::rfc5322_date(crate::store::now_millis() / 1000)
+    crate::time::rfc5322_date(crate::store::now_millis() / 1000)
 }
 
 /// Random-enough run prefix without a `rand` dependency: std's `RandomState`

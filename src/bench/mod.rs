@@ -556,7 +556,7 @@ fn build_shared(args: &BenchArgs) -> Result<Shared, BenchError> {
     // With a chosen key prefix the messages are fully determined by it, so
     // a second run with the same prefix measures replays.
     let date = match &args.key_prefix {
-        Some(_) => crate::trace::rfc5322_date(0),
+        Some(_) => crate::time::rfc5322_date(0),
         None => message::rfc5322_now(),
     };
     let template = MessageTemplate::new(

@@ -12,7 +12,7 @@ use crate::store::{
     AdminAction, AdminError, Change, ListFilter, MessageState, MessageStatus, QueueAdmin, Record,
     Recorder, StoreError,
 };
-use crate::trace::rfc5322_date;
+use crate::time::rfc5322_date;
 use crate::webhook::Router;
 
 /// One operator command, as parsed.

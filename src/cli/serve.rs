@@ -200,7 +200,7 @@ pub fn acceptor(
             .with_transit(crate::idempotency::transit::TransitHeaders::new(
                 config.transit_headers.iter().cloned(),
             ))
-            .with_trace(crate::trace::TraceOptions {
+            .with_trace(crate::accept::TraceOptions {
                 auth: config.received_auth_header,
             })
             .with_key_headers(crate::idempotency::key::KeyHeaders::new(

@@ -9,7 +9,7 @@ use clap::Subcommand;
 use crate::config::{Config, StoreBackend, parse_duration};
 use crate::store::now_millis;
 use crate::store::outbox::{EventStatus, OutboxAdmin};
-use crate::trace::{parse_rfc3339_utc, rfc3339_millis};
+use crate::time::{parse_rfc3339_utc, rfc3339_millis};
 
 #[derive(Subcommand, Debug)]
 pub enum WebhooksCommand {

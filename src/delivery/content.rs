@@ -30,7 +30,8 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::idempotency::key::{HEADER_NAME, KeyHeaders, MAX_KEY_CHARS, extract_key, field_spans};
+use crate::idempotency::key::{HEADER_NAME, KeyHeaders, MAX_KEY_CHARS, extract_key};
+use crate::message::headers::field_spans;
 
 /// The key for a transaction to `subset` of the message's `all` recipients.
 pub fn hop_key(

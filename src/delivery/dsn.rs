@@ -7,9 +7,9 @@ use std::borrow::Cow;
 
 use super::plan::{AttemptRow, Outcome};
 use crate::address::ForwardPath;
-use crate::idempotency::key::header_section_len;
+use crate::message::headers::header_section_len;
 use crate::store::UnixMillis;
-use crate::trace::rfc5322_date;
+use crate::time::rfc5322_date;
 
 pub struct Bounce<'a> {
     pub hostname: &'a str,

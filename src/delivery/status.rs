@@ -2,7 +2,7 @@
 //! and every attempt, as recorded in `delivery_attempt`.
 
 use crate::store::AttemptRecord;
-use crate::trace::rfc5322_date;
+use crate::time::rfc5322_date;
 
 /// The lines after the message summary.
 pub fn format_delivery(recipients: &[String], attempts: &[AttemptRecord]) -> String {

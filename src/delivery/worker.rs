@@ -534,7 +534,7 @@ fn bounce_for(ctx: &Ctx, loaded: &Loaded, plan: &Plan, now: UnixMillis) -> Optio
     let trace = format!(
         "Received: by {} (smtp-once) id {dsn_id};\r\n\t{}\r\n",
         ctx.hostname,
-        crate::trace::rfc5322_date(now / 1000)
+        crate::time::rfc5322_date(now / 1000)
     );
     Some(NewMessage {
         id: dsn_id,

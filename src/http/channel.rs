@@ -9,7 +9,7 @@ use crate::accept::channel::Channel;
 use crate::accept::from_header::SenderRefusal;
 use crate::content_check::ContentFault;
 use crate::idempotency::key::KeyError;
-use crate::idempotency::mime_limits::MimeLimitError;
+use crate::message::mime_limits::MimeLimitError;
 use crate::store::LedgerEntry;
 
 /// A response from the pipeline, decoded.

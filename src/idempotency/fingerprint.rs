@@ -54,10 +54,10 @@ use std::ops::Range;
 use mail_parser::{Message, MessageParser, MimeHeaders, PartType};
 use sha2::{Digest, Sha256};
 
-use super::key::{field_spans, top_level_headers};
-use super::mime_limits::{self, MimeLimits, WithinLimits};
 use super::transit::TransitHeaders;
 use super::volatile::VolatileHeaders;
+use crate::message::headers::{field_spans, top_level_headers};
+use crate::message::mime_limits::{self, MimeLimits, WithinLimits};
 
 pub type Fingerprint = [u8; 32];
 

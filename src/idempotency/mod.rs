@@ -6,7 +6,6 @@ pub mod claims;
 pub mod decision;
 pub mod fingerprint;
 pub mod key;
-pub mod mime_limits;
 pub mod request;
 pub mod transit;
 pub mod volatile;

@@ -15,7 +15,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use super::key::field_spans;
+use crate::message::headers::field_spans;
 
 /// The default `[idempotency] transit_headers`.
 pub const DEFAULT_TRANSIT_HEADERS: [&str; 8] = [

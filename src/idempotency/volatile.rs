@@ -12,7 +12,7 @@
 
 use std::ops::Range;
 
-use super::key::field_spans;
+use crate::message::headers::field_spans;
 
 /// The default `[idempotency] volatile_headers`.
 pub const DEFAULT_VOLATILE_HEADERS: [&str; 2] = ["Date", "Message-ID"];

@@ -11,7 +11,7 @@ use crate::config::WebhookEndpoint;
 use crate::event_type::EventType;
 use crate::store::outbox::OutboxEvent;
 use crate::store::{AdminAction, Done, NewEvent, UnixMillis};
-use crate::trace::rfc3339_millis;
+use crate::time::rfc3339_millis;
 
 /// The configured endpoints' filters. Empty: no event is ever written.
 #[derive(Clone, Default)]
