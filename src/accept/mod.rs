@@ -5,8 +5,8 @@
 //! returned.
 //!
 //! Everything that reads the whole message (key, MIME limits, fingerprint,
-//! `From:` check: [`facts`]) runs first, on the [`pool`]'s threads, never on
-//! an async worker (except for small messages, see [`INLINE_MAX`]).
+//! `From:` check: [`facts`]) runs first, on the [`parse_pool`]'s threads,
+//! never on an async worker (except for small messages, see [`INLINE_MAX`]).
 //!
 //! A new queue row is DKIM-signed ([`sign`]) after the decision and before
 //! the commit, and the signature is stored with it: every relay attempt
@@ -17,7 +17,7 @@ pub mod channel;
 mod facts;
 pub mod from_header;
 pub mod operation;
-pub mod pool;
+pub mod parse_pool;
 mod received;
 mod sign;
 
@@ -48,7 +48,7 @@ use channel::{Channel, KeySource};
 
 use facts::{Facts, IdentityRules, Verdict, earlier_fingerprints};
 use from_header::SenderRefusal;
-use pool::Pool;
+use parse_pool::ParsePool;
 pub use received::TraceOptions;
 use received::received_header;
 
@@ -67,7 +67,7 @@ pub struct Acceptor {
     /// MIME limits, key headers, and the headers the fingerprint leaves
     /// out (`[limits]`, `[idempotency]`); shared with the parse pool.
     rules: Arc<IdentityRules>,
-    pool: Pool,
+    pool: ParsePool,
     /// `[[webhook]]` filters: `message.accepted` rows join the commit.
     webhooks: Router,
     /// `[[dkim]]` keys: a new message whose `From:` domain has one is
@@ -94,7 +94,7 @@ impl Acceptor {
         limits: &Limits,
         volatile: VolatileHeaders,
     ) -> Result<Self, String> {
-        let pool = Pool::start(Pool::default_threads()).map_err(|e| e.to_string())?;
+        let pool = ParsePool::start(ParsePool::default_threads()).map_err(|e| e.to_string())?;
         Ok(Self {
             store,
             claims: Claims::default(),

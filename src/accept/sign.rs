@@ -12,7 +12,7 @@ use crate::dkim::signer::sign_all;
 use crate::dkim::{DomainSigner, SignError, Signers};
 use crate::submission::Submission;
 
-use super::pool::PoolError;
+use super::parse_pool::ParsePoolError;
 
 /// What signing adds to the message.
 pub(super) struct Signed {
@@ -27,7 +27,7 @@ pub(super) enum SigningFailed {
     #[error(transparent)]
     Sign(#[from] SignError),
     #[error(transparent)]
-    Pool(#[from] PoolError),
+    ParsePool(#[from] ParsePoolError),
 }
 
 impl Acceptor {

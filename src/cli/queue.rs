@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use crate::config::{Config, StoreBackend};
-use crate::delivery::status::format_delivery;
+use crate::delivery::status_text::format_delivery;
 use crate::store::{
     AdminAction, AdminError, Change, ListFilter, MessageState, MessageStatus, QueueAdmin, Record,
     Recorder, StoreError,

@@ -6,20 +6,21 @@
 //! [`content`] builds the bytes to relay (trace + idempotency key + body) →
 //! the [`transport::Transport`] of the relay mode ([`file`], [`smarthost`],
 //! [`mx`]) runs one transaction per destination → [`plan`] turns the
-//! per-recipient replies into the message's next state → [`queue`] records
-//! attempts, state and any [`dsn`] bounce in one transaction.
+//! per-recipient replies into the message's next state → [`attempt`] makes
+//! it what the worker records: attempts, state and any [`dsn`] bounce, in
+//! one transaction.
 
+pub mod attempt;
+pub mod connection_pool;
 pub mod content;
 pub mod dsn;
 pub mod file;
 pub mod mx;
 pub mod outgoing;
 pub mod plan;
-pub mod pool;
-pub mod queue;
 pub mod smarthost;
 pub mod smtp;
-pub mod status;
+pub mod status_text;
 pub mod tls;
 pub mod transport;
 pub mod worker;

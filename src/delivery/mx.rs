@@ -11,8 +11,8 @@ use std::sync::Arc;
 use hickory_resolver::TokioResolver;
 use hickory_resolver::proto::rr::RData;
 
+use super::connection_pool::{Conn, ConnectionPool, Mail, PoolSettings};
 use super::outgoing::Outgoing;
-use super::pool::{Conn, Mail, Pool, PoolSettings};
 use super::smtp::{self, ClientSettings, Security};
 use super::{DeliveryError, RcptResult, Status, domain_of};
 use crate::store::BoxFuture;
@@ -113,7 +113,7 @@ pub struct MxTransport {
     tls: tokio_rustls::TlsConnector,
     settings: ClientSettings,
     /// Open sessions per MX host, reused across messages and domains.
-    pool: Pool,
+    pool: ConnectionPool,
 }
 
 impl MxTransport {
@@ -129,13 +129,13 @@ impl MxTransport {
             port,
             tls,
             settings,
-            pool: Pool::new(PoolSettings::default()),
+            pool: ConnectionPool::new(PoolSettings::default()),
         })
     }
 
     /// Connection reuse as configured (the default otherwise).
     pub fn with_pool(mut self, settings: PoolSettings) -> Self {
-        self.pool = Pool::new(settings);
+        self.pool = ConnectionPool::new(settings);
         self
     }
 

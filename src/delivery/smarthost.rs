@@ -3,8 +3,8 @@
 
 use mail_send::Credentials;
 
+use super::connection_pool::{Conn, ConnectionPool, Mail, PoolSettings};
 use super::outgoing::Outgoing;
-use super::pool::{Conn, Mail, Pool, PoolSettings};
 use super::smtp::{self, ClientSettings, Security};
 use super::{DeliveryError, RcptResult, Status};
 use crate::config::{TlsMode, TlsTrust};
@@ -18,7 +18,7 @@ pub struct SmarthostTransport {
     credentials: Option<Credentials<String>>,
     settings: ClientSettings,
     /// Open sessions to the smarthost, reused message after message.
-    pool: Pool,
+    pool: ConnectionPool,
 }
 
 /// Splits `host[:port]`; the port defaults by TLS mode.
@@ -59,7 +59,7 @@ impl SmarthostTransport {
             security,
             credentials: credentials.map(|(u, p)| Credentials::new(u, p)),
             settings,
-            pool: Pool::new(pool),
+            pool: ConnectionPool::new(pool),
         })
     }
 

@@ -180,7 +180,7 @@ async fn authenticate<T: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// How one transaction ended: the per-recipient results, and what the
-/// session is good for afterwards (see `pool.rs`).
+/// session is good for afterwards (see `connection_pool.rs`).
 #[derive(Debug)]
 pub struct Transaction {
     pub results: Vec<RcptResult>,

@@ -2,10 +2,10 @@
 //! belongs to (the unit of per-destination concurrency and of one SMTP
 //! transaction), and delivery of a message to a destination's recipients.
 
+use super::connection_pool::PoolSettings;
 use super::file::FileTransport;
 use super::mx::{MxTransport, SystemResolver};
 use super::outgoing::Outgoing;
-use super::pool::PoolSettings;
 use super::smarthost::SmarthostTransport;
 use super::smtp::ClientSettings;
 use super::{DeliveryError, RcptResult, Status, domain_of};

@@ -15,10 +15,10 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 
+use super::attempt::{self, Loaded};
 use super::dsn::{self, Bounce};
 use super::outgoing::Outgoing;
 use super::plan::{self, Outcome, Plan, Policy};
-use super::queue::{self, Loaded};
 use super::transport::Transport;
 use super::{DeliveryError, RcptResult, Status};
 use crate::clock::{Clock, SystemClock};
@@ -427,7 +427,7 @@ async fn deliver_one(
     }));
     if record(
         &ctx,
-        queue::outcome(&id, &plan, now, bounce, routed.events, ctx.keep_bodies),
+        attempt::outcome(&id, &plan, now, bounce, routed.events, ctx.keep_bodies),
     )
     .await
     {

@@ -7,15 +7,15 @@ pub mod admin;
 #[cfg(test)]
 mod admin_tests;
 mod batch;
+pub mod delivery_queue;
 pub mod outbox;
 pub mod postgres;
-pub mod queue;
 pub mod queue_id;
 pub mod sqlite;
 
 pub use admin::{AdminAction, AdminError, Change, Done, ListFilter, QueueAdmin, Record, Recorder};
+pub use delivery_queue::{AttemptOutcome, AttemptRow, ClaimedMessage, DeliveryQueue};
 pub use outbox::{NewEvent, WebhookOutbox};
-pub use queue::{AttemptOutcome, AttemptRow, ClaimedMessage, DeliveryQueue};
 
 use std::future::Future;
 use std::pin::Pin;

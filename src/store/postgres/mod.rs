@@ -7,11 +7,11 @@
 //! connection releases by itself. Times come from the database's clock.
 
 mod admin;
+mod delivery_queue;
 mod housekeeping;
 mod outbox;
 mod outbox_admin;
 mod probe;
-mod queue;
 mod schema;
 mod status;
 mod writer;

@@ -1,9 +1,10 @@
 //! The webhook outbox on PostgreSQL, shared by every node: events are
 //! inserted by the acceptance and record jobs themselves (same
 //! transaction); senders claim them with `FOR UPDATE SKIP LOCKED` stamped
-//! `leased_by = node_id` and record them as writer jobs. As in `queue.rs`,
-//! every stored time is the database's (`smtp_once_now()`): the node's
-//! times arrive as waits from its clock and leave as times on it.
+//! `leased_by = node_id` and record them as writer jobs. As in
+//! `delivery_queue.rs`, every stored time is the database's
+//! (`smtp_once_now()`): the node's times arrive as waits from its clock and
+//! leave as times on it.
 
 use deadpool_postgres::ClientWrapper;
 

@@ -4,11 +4,11 @@
 
 mod admin;
 mod checkpoint;
+mod delivery_queue;
 mod identity;
 mod inspect;
 mod outbox;
 mod probe;
-mod queue;
 mod schema;
 mod status;
 #[cfg(test)]
@@ -330,7 +330,7 @@ impl Store for SqliteStore {
 
     fn queue_depth(&self) -> BoxFuture<'static, Result<QueueDepth, StoreError>> {
         let readers = self.readers.clone();
-        Box::pin(queue::read_blocking(readers, |conn| {
+        Box::pin(delivery_queue::read_blocking(readers, |conn| {
             probe::queue_depth_on(conn, super::now_millis())
         }))
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params};
 
-use super::queue::read_blocking;
+use super::delivery_queue::read_blocking;
 use super::{DB_FILE, SqliteStore, classify, writer};
 use crate::store::outbox::{
     DisabledEndpoint, EndpointHealth, EventAttempt, EventNext, EventStatus, OutboxAdmin,

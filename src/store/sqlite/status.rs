@@ -3,8 +3,8 @@
 use rusqlite::{OptionalExtension, params};
 
 use super::SqliteStore;
+use super::delivery_queue::read_blocking;
 use super::inspect::{COLUMNS, attempts_on, status_from_row};
-use super::queue::read_blocking;
 use crate::store::{
     BoxFuture, MessageDetail, MessageState, MessageStatus, StatusReader, StoreError,
 };

@@ -8,7 +8,7 @@
 //! stack is the second line: on 64 MiB a debug build parsed and dropped
 //! 100,000 nested `message/rfc822` levels (2 MiB overflowed at ~33,000 in a
 //! release build). And whatever a job does, a panic stays inside the job (its
-//! caller gets [`PoolError::JobFailed`]).
+//! caller gets [`ParsePoolError::JobFailed`]).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc;
@@ -23,7 +23,7 @@ pub const STACK_SIZE: usize = 64 * 1024 * 1024;
 type Job = Box<dyn FnOnce() + Send>;
 
 #[derive(Debug, thiserror::Error)]
-pub enum PoolError {
+pub enum ParsePoolError {
     #[error("cannot start analysis thread: {0}")]
     Spawn(std::io::Error),
     #[error("the analysis pool has stopped")]
@@ -34,13 +34,13 @@ pub enum PoolError {
 
 /// A fixed set of threads taking jobs from one queue. Dropping the pool lets
 /// the threads finish their current job and exit.
-pub struct Pool {
+pub struct ParsePool {
     jobs: mpsc::Sender<Job>,
 }
 
-impl Pool {
+impl ParsePool {
     /// Starts `threads` threads (at least one).
-    pub fn start(threads: usize) -> Result<Self, PoolError> {
+    pub fn start(threads: usize) -> Result<Self, ParsePoolError> {
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..threads.max(1) {
@@ -49,7 +49,7 @@ impl Pool {
                 .name(format!("smtp-once-parse-{i}"))
                 .stack_size(STACK_SIZE)
                 .spawn(move || work(&rx))
-                .map_err(PoolError::Spawn)?;
+                .map_err(ParsePoolError::Spawn)?;
         }
         Ok(Self { jobs: tx })
     }
@@ -64,7 +64,7 @@ impl Pool {
 
     /// Runs `f` on a pool thread and waits for its result without blocking
     /// the async worker.
-    pub async fn run<T, F>(&self, f: F) -> Result<T, PoolError>
+    pub async fn run<T, F>(&self, f: F) -> Result<T, ParsePoolError>
     where
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
@@ -74,9 +74,9 @@ impl Pool {
             // The receiver may be gone (connection dropped): nothing to do.
             let _ = tx.send(f());
         });
-        self.jobs.send(job).map_err(|_| PoolError::Stopped)?;
+        self.jobs.send(job).map_err(|_| ParsePoolError::Stopped)?;
         // A job that panicked dropped its sender.
-        rx.await.map_err(|_| PoolError::JobFailed)
+        rx.await.map_err(|_| ParsePoolError::JobFailed)
     }
 }
 
@@ -103,17 +103,17 @@ mod tests {
 
     #[tokio::test]
     async fn runs_jobs_and_survives_panics() {
-        let pool = Pool::start(1).expect("pool");
+        let pool = ParsePool::start(1).expect("pool");
         assert_eq!(pool.run(|| 6 * 7).await.expect("job"), 42);
         let failed = pool.run(|| -> u32 { panic!("boom") }).await;
-        assert!(matches!(failed, Err(PoolError::JobFailed)));
+        assert!(matches!(failed, Err(ParsePoolError::JobFailed)));
         // The one thread is still there.
         assert_eq!(pool.run(|| 1).await.expect("job"), 1);
     }
 
     #[tokio::test]
     async fn jobs_get_the_large_stack() {
-        let pool = Pool::start(1).expect("pool");
+        let pool = ParsePool::start(1).expect("pool");
         // 16 MiB on the stack would overflow a default 2 MiB thread.
         let n = pool
             .run(|| {
@@ -138,7 +138,7 @@ mod tests {
             m.extend_from_slice(b"Content-Type: message/rfc822\r\n\r\n");
         }
         m.extend_from_slice(b"\r\n--B--\r\n");
-        let pool = Pool::start(1).expect("pool");
+        let pool = ParsePool::start(1).expect("pool");
         let parsed = pool
             .run(move || {
                 mail_parser::MessageParser::default()

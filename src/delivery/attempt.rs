@@ -1,6 +1,6 @@
-//! The delivery side of the queue: what a claimed message means to an
-//! attempt ([`Loaded`]) and what an attempt writes back ([`outcome`]). The
-//! daemon's worker claims and records through the store's writer
+//! One delivery attempt's view of the queue: what a claimed message means
+//! to an attempt ([`Loaded`]) and what an attempt writes back
+//! ([`outcome`]). The daemon's worker claims and records through the store's writer
 //! (`store::DeliveryQueue`); the operator commands go through
 //! `store::QueueAdmin`.
 

@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use super::writer::insert_events;
 use super::{Readers, SqliteStore, insert_message, writer};
-use crate::store::queue::{after_attempt, is_final};
+use crate::store::delivery_queue::{after_attempt, is_final};
 use crate::store::{
     AttemptOutcome, BoxFuture, ClaimedMessage, DeliveryQueue, MessageState, StoreError, UnixMillis,
 };

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use super::housekeeping::age_of;
 use super::outbox::insert_events;
 use super::{PgStore, i64_of, insert_message, writer::Job};
-use crate::store::queue::{after_attempt, is_final};
+use crate::store::delivery_queue::{after_attempt, is_final};
 use crate::store::{
     AttemptOutcome, BoxFuture, ClaimedMessage, DeliveryQueue, MessageState, StoreError, UnixMillis,
     now_millis,

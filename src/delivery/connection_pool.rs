@@ -99,11 +99,11 @@ struct Inner {
     closed: AtomicBool,
 }
 
-pub struct Pool {
+pub struct ConnectionPool {
     inner: Arc<Inner>,
 }
 
-impl Pool {
+impl ConnectionPool {
     /// A pool; inside a Tokio runtime it also starts the sweep that closes
     /// idle sessions (it ends with the pool).
     pub fn new(settings: PoolSettings) -> Self {
@@ -390,7 +390,7 @@ mod tests {
         }
     }
 
-    async fn send(pool: &Pool, addr: SocketAddr) -> Vec<RcptResult> {
+    async fn send(pool: &ConnectionPool, addr: SocketAddr) -> Vec<RcptResult> {
         let rcpts = vec!["r@example.net".to_string()];
         let mail = Mail {
             from: "s@example.test",
@@ -417,7 +417,7 @@ mod tests {
     #[tokio::test]
     async fn a_fresh_session_that_fails_is_not_retried() {
         let s = server(|_, _| Step::Refuse421AtMail).await;
-        let pool = Pool::new(PoolSettings::default());
+        let pool = ConnectionPool::new(PoolSettings::default());
         let r = send(&pool, s.addr).await;
         assert_eq!(status(&r), Status::Deferred, "{r:?}");
         assert!(r[0].reply.starts_with("421"), "{r:?}");
@@ -435,7 +435,7 @@ mod tests {
             }
         })
         .await;
-        let pool = Pool::new(PoolSettings::default());
+        let pool = ConnectionPool::new(PoolSettings::default());
         for n in 1..=3 {
             let r = send(&pool, s.addr).await;
             assert_eq!(status(&r), Status::Delivered, "{r:?}");
@@ -449,7 +449,7 @@ mod tests {
             _ => Step::Refuse421AtMail,
         })
         .await;
-        let pool = Pool::new(PoolSettings::default());
+        let pool = ConnectionPool::new(PoolSettings::default());
         assert_eq!(status(&send(&pool, s.addr).await), Status::Delivered);
         let r = send(&pool, s.addr).await;
         assert_eq!(status(&r), Status::Deferred, "{r:?}");
@@ -466,7 +466,7 @@ mod tests {
             }
         })
         .await;
-        let pool = Pool::new(PoolSettings::default());
+        let pool = ConnectionPool::new(PoolSettings::default());
         assert_eq!(status(&send(&pool, s.addr).await), Status::Delivered);
         let r = send(&pool, s.addr).await;
         assert_eq!(status(&r), Status::Deferred, "{r:?}");
@@ -480,7 +480,7 @@ mod tests {
     #[tokio::test]
     async fn refused_recipients_never_get_the_content_with_data_pipelined() {
         let s = server(|_, _| Step::RefuseRecipients).await;
-        let pool = Pool::new(PoolSettings::default());
+        let pool = ConnectionPool::new(PoolSettings::default());
         let r = send(&pool, s.addr).await;
         assert_eq!(status(&r), Status::Failed, "{r:?}");
         assert!(r[0].reply.starts_with("550"), "{r:?}");
@@ -496,7 +496,7 @@ mod tests {
         // A next hop that takes DATA anyway gets an empty message ended at
         // once, and its session is not reused.
         let s = server(|_, _| Step::RefuseRecipientsTakeData).await;
-        let pool = Pool::new(PoolSettings::default());
+        let pool = ConnectionPool::new(PoolSettings::default());
         for _ in 0..2 {
             let r = send(&pool, s.addr).await;
             assert_eq!(status(&r), Status::Failed, "{r:?}");
