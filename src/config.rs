@@ -39,7 +39,7 @@ pub use duration::parse_duration;
 pub use http::{HttpSettings, RawHttp};
 pub use idempotency::RawIdempotency;
 pub use limits::{Limits, MAX_MIME_DEPTH_CEILING, RawLimits};
-pub use listener::{Listener, RawListener, RawTls, TlsFiles, TlsMode};
+pub use listener::{Listener, RawListener, RawTls, SmtpTls, TlsFiles};
 pub use metrics::{MetricsSettings, RawMetrics};
 pub use relay::{Delivery, RawRelay, Relay, TlsTrust};
 pub use server::RawServer;

@@ -1,13 +1,14 @@
-//! How a channel words what the acceptance pipeline decided (the trait;
-//! each front implements it in its own words: `server::wording` for SMTP,
-//! `http::channel` for HTTP), and where it takes the idempotency key from. The pipeline, the claims
-//! and the ledger are the same for both; only the bytes differ. What
+//! How a channel words what the acceptance pipeline decided
+//! ([`ChannelWording`]; each front implements it in its own words:
+//! `server::wording` for SMTP, `http::channel` for HTTP), and where it takes
+//! the idempotency key from. The pipeline, the claims and the ledger are the
+//! same for both; only the bytes differ. What
 //! `accepted` and `sender_refused` return is what the ledger stores and a
 //! replay gives back byte for byte, so one channel's entries are never
 //! replayed on the other: their fingerprints differ (see `KeySource`).
 
 use crate::content_check::ContentFault;
-use crate::idempotency::key::KeyError;
+use crate::idempotency::key::IdempotencyKeyError;
 use crate::message::mime_limits::MimeLimitError;
 use crate::store::LedgerEntry;
 
@@ -32,7 +33,9 @@ pub enum KeySource {
     },
 }
 
-pub trait Channel: Send + Sync {
+/// A front's words for the pipeline's outcomes. (The channel itself, as a
+/// metrics label, is `metrics::Channel`.)
+pub trait ChannelWording: Send + Sync {
     /// Which channel, for the submissions metric.
     fn metric(&self) -> crate::metrics::Channel;
     /// The answer for a queued message (stored under its key).
@@ -50,7 +53,7 @@ pub trait Channel: Send + Sync {
     /// The commit failed part-way and was rolled back.
     fn storage_failure(&self) -> Vec<u8>;
     /// E01001: the key is not valid.
-    fn bad_key(&self, error: &KeyError) -> Vec<u8>;
+    fn bad_key(&self, error: &IdempotencyKeyError) -> Vec<u8>;
     /// The MIME structure is over the server's limits.
     fn over_limits(&self, error: &MimeLimitError) -> Vec<u8>;
     /// The content breaks the one content rule (bare CR or LF, NUL).

@@ -4,7 +4,7 @@
 //! on an async worker.
 
 use crate::idempotency::fingerprint::{Fingerprint, fingerprint_checked, keyed_fingerprint};
-use crate::idempotency::key::{KeyError, KeyHeaders};
+use crate::idempotency::key::{IdempotencyKeyError, KeyHeaders};
 use crate::idempotency::request::{request_fingerprint, request_key};
 use crate::idempotency::transit::TransitHeaders;
 use crate::idempotency::volatile::VolatileHeaders;
@@ -17,7 +17,7 @@ use super::from_header::{self, SenderRefusal};
 /// What decides the path through the acceptance pipeline.
 pub enum Verdict {
     /// The key header is invalid (`E01001`).
-    BadKey(KeyError),
+    BadKey(IdempotencyKeyError),
     /// The MIME structure is over the limits; the message was not parsed.
     OverLimits {
         error: MimeLimitError,
@@ -125,7 +125,7 @@ fn key_of(
     sub: &Submission,
     source: &KeySource,
     key_headers: &KeyHeaders,
-) -> Result<Option<String>, KeyError> {
+) -> Result<Option<String>, IdempotencyKeyError> {
     match source {
         KeySource::MessageHeader => key_headers.extract(&sub.content),
         KeySource::Request { key, .. } => request_key(key.as_deref()),

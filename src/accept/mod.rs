@@ -44,7 +44,7 @@ use crate::store::{
 use crate::submission::Submission;
 use crate::webhook::Router;
 use crate::webhook::route::Accepted;
-use channel::{Channel, KeySource};
+use channel::{ChannelWording, KeySource};
 
 use facts::{Facts, IdentityRules, Verdict, earlier_fingerprints};
 use from_header::SenderRefusal;
@@ -166,7 +166,7 @@ impl Acceptor {
     pub async fn accept_via(
         &self,
         sub: Submission,
-        channel: &dyn Channel,
+        channel: &dyn ChannelWording,
         source: KeySource,
     ) -> Vec<u8> {
         let (reply, outcome) = self.run(sub, channel, source).await;
@@ -177,7 +177,7 @@ impl Acceptor {
     async fn run(
         &self,
         sub: Submission,
-        channel: &dyn Channel,
+        channel: &dyn ChannelWording,
         source: KeySource,
     ) -> (Vec<u8>, Outcome) {
         let workspace = sub.submitter.workspace().to_owned();
@@ -314,7 +314,7 @@ impl Acceptor {
     async fn execute(
         &self,
         sub: Submission,
-        channel: &dyn Channel,
+        channel: &dyn ChannelWording,
         keyed: Option<Keyed>,
         from_rejection: Option<SenderRefusal>,
     ) -> (Vec<u8>, Outcome) {
@@ -431,7 +431,7 @@ impl Acceptor {
     }
 }
 
-fn storage_failure_reply(channel: &dyn Channel, e: &StoreError) -> Vec<u8> {
+fn storage_failure_reply(channel: &dyn ChannelWording, e: &StoreError) -> Vec<u8> {
     match e {
         StoreError::Unavailable(_) => channel.unavailable(),
         _ => channel.storage_failure(),

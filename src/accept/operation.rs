@@ -12,7 +12,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use super::Acceptor;
-use super::channel::Channel;
+use super::channel::ChannelWording;
 use crate::clock::Clock;
 use crate::idempotency::decision::{Decision, decide};
 use crate::idempotency::fingerprint::Fingerprint;
@@ -69,7 +69,7 @@ impl Acceptor {
     pub async fn once<F, Fut>(
         &self,
         op: Operation<'_>,
-        channel: &dyn Channel,
+        channel: &dyn ChannelWording,
         execute: F,
     ) -> Vec<u8>
     where

@@ -30,8 +30,10 @@ pub struct RawTls {
     pub key: PathBuf,
 }
 
+/// How an SMTP connection gets TLS (`none`, `starttls`, `implicit`): a
+/// listener's `tls` and the smarthost's `[relay] tls`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TlsMode {
+pub enum SmtpTls {
     None,
     StartTls,
     Implicit,
@@ -40,7 +42,7 @@ pub enum TlsMode {
 #[derive(Debug, Clone)]
 pub struct Listener {
     pub addr: SocketAddr,
-    pub tls: TlsMode,
+    pub tls: SmtpTls,
 }
 
 #[derive(Debug, Clone)]
@@ -50,11 +52,11 @@ pub struct TlsFiles {
 }
 
 /// `none`, `starttls` or `implicit` (a listener's `tls`, and `relay.tls`).
-pub(super) fn parse_tls_mode(value: &str) -> Option<TlsMode> {
+pub(super) fn parse_tls_mode(value: &str) -> Option<SmtpTls> {
     match value {
-        "none" => Some(TlsMode::None),
-        "starttls" => Some(TlsMode::StartTls),
-        "implicit" => Some(TlsMode::Implicit),
+        "none" => Some(SmtpTls::None),
+        "starttls" => Some(SmtpTls::StartTls),
+        "implicit" => Some(SmtpTls::Implicit),
         _ => None,
     }
 }
@@ -84,7 +86,7 @@ pub(super) fn check_listeners(
             );
         }
         if let (Ok(addr), Some(tls)) = (addr, tls) {
-            if tls != TlsMode::None && !has_tls {
+            if tls != SmtpTls::None && !has_tls {
                 p.add(
                     format!("listener[{i}].tls"),
                     "needs a [tls] section with cert and key",

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::check::Problems;
-use super::listener::{TlsMode, parse_tls_mode};
+use super::listener::{SmtpTls, parse_tls_mode};
 use super::resolve;
 
 /// Every key is optional: the defaults are `RawRelay::default()`.
@@ -109,7 +109,7 @@ pub enum Relay {
     },
     Smarthost {
         host: String,
-        tls: TlsMode,
+        tls: SmtpTls,
         username: Option<String>,
         password: Option<String>,
     },
@@ -166,14 +166,14 @@ pub(super) fn check_relay(r: &RawRelay, base: &Path, p: &mut Problems) -> Relay 
             let tls = r
                 .tls
                 .as_deref()
-                .map_or(Some(TlsMode::StartTls), parse_tls_mode);
+                .map_or(Some(SmtpTls::StartTls), parse_tls_mode);
             if tls.is_none() {
                 p.add("relay.tls", "must be none, starttls or implicit");
             }
             match &r.smarthost {
                 Some(host) => Relay::Smarthost {
                     host: host.clone(),
-                    tls: tls.unwrap_or(TlsMode::StartTls),
+                    tls: tls.unwrap_or(SmtpTls::StartTls),
                     username: r.username.clone(),
                     password: r.password.clone(),
                 },

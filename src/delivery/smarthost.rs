@@ -7,7 +7,7 @@ use super::connection_pool::{Conn, ConnectionPool, Mail, PoolSettings};
 use super::outgoing::Outgoing;
 use super::smtp::{self, ClientSettings, Security};
 use super::{DeliveryError, RcptResult, Status};
-use crate::config::{TlsMode, TlsTrust};
+use crate::config::{SmtpTls, TlsTrust};
 
 pub struct SmarthostTransport {
     /// `host:port` as connected to.
@@ -22,11 +22,11 @@ pub struct SmarthostTransport {
 }
 
 /// Splits `host[:port]`; the port defaults by TLS mode.
-pub fn split_host_port(value: &str, tls: TlsMode) -> Result<(String, u16), String> {
+pub fn split_host_port(value: &str, tls: SmtpTls) -> Result<(String, u16), String> {
     let default = match tls {
-        TlsMode::Implicit => 465,
-        TlsMode::StartTls => 587,
-        TlsMode::None => 25,
+        SmtpTls::Implicit => 465,
+        SmtpTls::StartTls => 587,
+        SmtpTls::None => 25,
     };
     crate::net::split_host_port(value, default)
 }
@@ -34,7 +34,7 @@ pub fn split_host_port(value: &str, tls: TlsMode) -> Result<(String, u16), Strin
 impl SmarthostTransport {
     pub fn new(
         host: &str,
-        tls: TlsMode,
+        tls: SmtpTls,
         credentials: Option<(String, String)>,
         trust: &TlsTrust,
         settings: ClientSettings,
@@ -44,9 +44,9 @@ impl SmarthostTransport {
             .map_err(|e| DeliveryError::Setup(format!("relay.smarthost: {e}")))?;
         let connector = || tls_connector(trust);
         let security = match tls {
-            TlsMode::None => Security::Plain,
-            TlsMode::StartTls => Security::StartTls(connector()?),
-            TlsMode::Implicit => Security::Implicit(connector()?),
+            SmtpTls::None => Security::Plain,
+            SmtpTls::StartTls => Security::StartTls(connector()?),
+            SmtpTls::Implicit => Security::Implicit(connector()?),
         };
         let addr = if name.contains(':') {
             format!("[{name}]:{port}")
@@ -124,19 +124,19 @@ mod tests {
     fn host_and_port() {
         let hp = |v, t| split_host_port(v, t);
         assert_eq!(
-            hp("smtp.example.net:2525", TlsMode::StartTls),
+            hp("smtp.example.net:2525", SmtpTls::StartTls),
             Ok(("smtp.example.net".into(), 2525))
         );
         assert_eq!(
-            hp("smtp.example.net", TlsMode::StartTls),
+            hp("smtp.example.net", SmtpTls::StartTls),
             Ok(("smtp.example.net".into(), 587))
         );
         assert_eq!(
-            hp("smtp.example.net", TlsMode::Implicit),
+            hp("smtp.example.net", SmtpTls::Implicit),
             Ok(("smtp.example.net".into(), 465))
         );
-        assert_eq!(hp("[::1]:25", TlsMode::None), Ok(("::1".into(), 25)));
-        assert!(hp("host:0", TlsMode::None).is_err());
-        assert!(hp(":25", TlsMode::None).is_err());
+        assert_eq!(hp("[::1]:25", SmtpTls::None), Ok(("::1".into(), 25)));
+        assert!(hp("host:0", SmtpTls::None).is_err());
+        assert!(hp(":25", SmtpTls::None).is_err());
     }
 }

@@ -22,7 +22,7 @@ pub const MIN_RSA_BITS: usize = 2048;
 const ED25519_OID: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.101.112");
 
 #[derive(Debug, thiserror::Error)]
-pub enum KeyError {
+pub enum SigningKeyError {
     #[error("cannot read it: {0}")]
     Read(std::io::Error),
     #[error(
@@ -97,54 +97,54 @@ impl mail_auth::common::crypto::SigningKey for SigningKey {
 /// Reads the private key in the PEM file at `path`, which only its owner
 /// may read: a key others can read may have been copied, and whoever has
 /// it signs as the domain.
-pub fn load(path: &Path) -> Result<SigningKey, KeyError> {
-    let file = std::fs::File::open(path).map_err(KeyError::Read)?;
+pub fn load(path: &Path) -> Result<SigningKey, SigningKeyError> {
+    let file = std::fs::File::open(path).map_err(SigningKeyError::Read)?;
     // The mode of the file opened (a symlink's target), not of the name.
     let mode = file
         .metadata()
-        .map_err(KeyError::Read)?
+        .map_err(SigningKeyError::Read)?
         .permissions()
         .mode()
         & 0o777;
     if mode & 0o077 != 0 {
-        return Err(KeyError::Exposed {
+        return Err(SigningKeyError::Exposed {
             mode,
             path: path.to_path_buf(),
         });
     }
     let der = PrivateKeyDer::from_pem_reader(BufReader::new(file)).map_err(|e| match e {
-        pem::Error::Io(e) => KeyError::Read(e),
-        pem::Error::NoItemsFound => KeyError::NoKey,
-        other => KeyError::Pem(other.to_string()),
+        pem::Error::Io(e) => SigningKeyError::Read(e),
+        pem::Error::NoItemsFound => SigningKeyError::NoKey,
+        other => SigningKeyError::Pem(other.to_string()),
     })?;
     from_der(der)
 }
 
 /// The key in `pem` (a file's text), as `load` reads it.
-pub fn from_pem(pem: &[u8]) -> Result<SigningKey, KeyError> {
+pub fn from_pem(pem: &[u8]) -> Result<SigningKey, SigningKeyError> {
     let der = PrivateKeyDer::from_pem_slice(pem).map_err(|e| match e {
-        pem::Error::NoItemsFound => KeyError::NoKey,
-        other => KeyError::Pem(other.to_string()),
+        pem::Error::NoItemsFound => SigningKeyError::NoKey,
+        other => SigningKeyError::Pem(other.to_string()),
     })?;
     from_der(der)
 }
 
-fn from_der(der: PrivateKeyDer<'_>) -> Result<SigningKey, KeyError> {
+fn from_der(der: PrivateKeyDer<'_>) -> Result<SigningKey, SigningKeyError> {
     let (key, bits) = match der {
         PrivateKeyDer::Pkcs1(k) => {
             let der = PrivateKeyDer::Pkcs1(k.clone_key());
             rsa_key(k.secret_pkcs1_der(), der)?
         }
         PrivateKeyDer::Pkcs8(k) => pkcs8_key(k)?,
-        PrivateKeyDer::Sec1(_) => return Err(KeyError::Ec),
-        _ => return Err(KeyError::NoKey),
+        PrivateKeyDer::Sec1(_) => return Err(SigningKeyError::Ec),
+        _ => return Err(SigningKeyError::NoKey),
     };
     Ok(SigningKey(Arc::new(Loaded { key, bits })))
 }
 
-fn pkcs8_key(k: PrivatePkcs8KeyDer<'_>) -> Result<(DkimKey, usize), KeyError> {
+fn pkcs8_key(k: PrivatePkcs8KeyDer<'_>) -> Result<(DkimKey, usize), SigningKeyError> {
     let info = rsa::pkcs8::PrivateKeyInfo::try_from(k.secret_pkcs8_der()).map_err(|e| {
-        KeyError::Invalid {
+        SigningKeyError::Invalid {
             what: "PKCS#8",
             reason: e.to_string(),
         }
@@ -158,28 +158,28 @@ fn pkcs8_key(k: PrivatePkcs8KeyDer<'_>) -> Result<(DkimKey, usize), KeyError> {
         // public key), which ring's checked reader refuses.
         let key =
             Ed25519Key::from_pkcs8_maybe_unchecked_der(k.secret_pkcs8_der()).map_err(|e| {
-                KeyError::Invalid {
+                SigningKeyError::Invalid {
                     what: "Ed25519",
                     reason: e.to_string(),
                 }
             })?;
         Ok((DkimKey::Ed25519(key), 0))
     } else {
-        Err(KeyError::OtherAlgorithm(oid.to_string()))
+        Err(SigningKeyError::OtherAlgorithm(oid.to_string()))
     }
 }
 
 /// `pkcs1` is the RSAPrivateKey structure, read first for its size so that
 /// a short key is named as such (ring would only say it was rejected).
-fn rsa_key(pkcs1: &[u8], der: PrivateKeyDer<'_>) -> Result<(DkimKey, usize), KeyError> {
-    let invalid = |reason: String| KeyError::Invalid {
+fn rsa_key(pkcs1: &[u8], der: PrivateKeyDer<'_>) -> Result<(DkimKey, usize), SigningKeyError> {
+    let invalid = |reason: String| SigningKeyError::Invalid {
         what: "RSA",
         reason,
     };
     let parsed = rsa::pkcs1::RsaPrivateKey::try_from(pkcs1).map_err(|e| invalid(e.to_string()))?;
     let bits = uint_bits(parsed.modulus.as_bytes());
     if bits < MIN_RSA_BITS {
-        return Err(KeyError::TooSmall(bits));
+        return Err(SigningKeyError::TooSmall(bits));
     }
     let key = RsaKey::<Sha256>::from_key_der(der).map_err(|e| invalid(e.to_string()))?;
     Ok((DkimKey::Rsa(key), bits))

@@ -10,5 +10,5 @@ pub mod key;
 pub mod keygen;
 pub mod signer;
 
-pub use key::{KeyError, SigningKey};
+pub use key::{SigningKey, SigningKeyError};
 pub use signer::{DomainSigner, SignError, Signers};

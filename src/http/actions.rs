@@ -261,7 +261,7 @@ fn answer(id: &str, action: AdminAction, outcome: &Result<Done, AdminError>) -> 
                 "message {id} is being delivered right now; nothing was changed, retry in a few seconds"
             ),
         ),
-        Err(AdminError::KeyTaken) => crate::accept::channel::Channel::in_progress(&Http),
+        Err(AdminError::KeyTaken) => crate::accept::channel::ChannelWording::in_progress(&Http),
         Err(AdminError::UnknownState { state, .. }) => error(
             500,
             "UnknownState",
@@ -283,7 +283,7 @@ fn past_participle(action: AdminAction) -> &'static str {
 
 /// Nothing was changed: `E01033` when the store cannot be reached at all.
 fn store_failure(e: &StoreError) -> Vec<u8> {
-    use crate::accept::channel::Channel;
+    use crate::accept::channel::ChannelWording;
     match e {
         StoreError::Unavailable(_) => Http.unavailable(),
         _ => Http.storage_failure(),

@@ -5,10 +5,10 @@
 
 use serde_json::json;
 
-use crate::accept::channel::Channel;
+use crate::accept::channel::ChannelWording;
 use crate::accept::from_header::SenderRefusal;
 use crate::content_check::ContentFault;
-use crate::idempotency::key::KeyError;
+use crate::idempotency::key::IdempotencyKeyError;
 use crate::message::mime_limits::MimeLimitError;
 use crate::store::LedgerEntry;
 
@@ -51,7 +51,7 @@ pub fn decode(bytes: &[u8]) -> Answer {
 
 pub struct Http;
 
-impl Channel for Http {
+impl ChannelWording for Http {
     fn metric(&self) -> crate::metrics::Channel {
         crate::metrics::Channel::Http
     }
@@ -120,15 +120,15 @@ impl Channel for Http {
         )
     }
 
-    fn bad_key(&self, error_: &KeyError) -> Vec<u8> {
+    fn bad_key(&self, error_: &IdempotencyKeyError) -> Vec<u8> {
         let message = match error_ {
-            KeyError::TooLong { chars, .. } => {
+            IdempotencyKeyError::TooLong { chars, .. } => {
                 format!("Idempotency-Key is longer than 255 characters ({chars})")
             }
-            KeyError::Repeated { .. } | KeyError::Conflicting { .. } => {
+            IdempotencyKeyError::Repeated { .. } | IdempotencyKeyError::Conflicting { .. } => {
                 "Idempotency-Key is given twice with different values".into()
             }
-            KeyError::NotUtf8 { .. } => "Idempotency-Key is not valid UTF-8".into(),
+            IdempotencyKeyError::NotUtf8 { .. } => "Idempotency-Key is not valid UTF-8".into(),
         };
         error(422, "E01001", &message)
     }
@@ -187,7 +187,7 @@ mod tests {
             (Http.in_progress(), 409, "E01004"),
             (Http.unavailable(), 503, "E01033"),
             (
-                Http.bad_key(&KeyError::TooLong {
+                Http.bad_key(&IdempotencyKeyError::TooLong {
                     header: "Idempotency-Key".into(),
                     chars: 300,
                 }),

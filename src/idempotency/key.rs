@@ -19,7 +19,7 @@ pub const MAX_KEY_CHARS: usize = 255;
 pub const HEADER_NAME: &str = "X-Bird-Idempotency-Key";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum KeyError {
+pub enum IdempotencyKeyError {
     #[error("{header} is longer than 255 characters ({chars})")]
     TooLong { header: String, chars: usize },
     #[error("{header} appears more than once with different values")]
@@ -84,13 +84,13 @@ impl KeyHeaders {
     ///   Unicode whitespace: the key is compared byte for byte afterwards).
     /// - Several occurrences, under one listed name or under several: fine
     ///   when every non-empty one has the same value, an error otherwise
-    ///   ([`KeyError::Repeated`], [`KeyError::Conflicting`]): a message that
+    ///   ([`IdempotencyKeyError::Repeated`], [`IdempotencyKeyError::Conflicting`]): a message that
     ///   names two keys is refused rather than deduplicated on a guess. So the
     ///   list order decides only which name a refusal names first. Empty
     ///   occurrences are ignored: an empty header carries no key, so it
     ///   neither asks for deduplication nor contradicts a key given elsewhere.
     /// - Errors are reported for the first offending occurrence in header order.
-    pub fn extract(&self, message: &[u8]) -> Result<Option<String>, KeyError> {
+    pub fn extract(&self, message: &[u8]) -> Result<Option<String>, IdempotencyKeyError> {
         // (list position, value) of the first occurrence: every later one
         // must agree, so which one is kept does not change the key.
         let mut key: Option<(usize, Cow<'_, str>)> = None;
@@ -103,10 +103,11 @@ impl KeyHeaders {
             if value.is_empty() {
                 continue;
             }
-            let value = into_str(value).ok_or_else(|| KeyError::NotUtf8 { header: header() })?;
+            let value =
+                into_str(value).ok_or_else(|| IdempotencyKeyError::NotUtf8 { header: header() })?;
             let chars = value.chars().count();
             if chars > MAX_KEY_CHARS {
-                return Err(KeyError::TooLong {
+                return Err(IdempotencyKeyError::TooLong {
                     header: header(),
                     chars,
                 });
@@ -115,12 +116,12 @@ impl KeyHeaders {
                 None => key = Some((at, value)),
                 Some((_, prev)) if *prev == value => {}
                 Some((first, _)) if *first == at => {
-                    return Err(KeyError::Repeated { header: header() });
+                    return Err(IdempotencyKeyError::Repeated { header: header() });
                 }
                 Some((first, _)) => {
                     let (a, b) = ((*first).min(at), (*first).max(at));
                     let name = |i: usize| self.names.get(i).cloned().unwrap_or_default();
-                    return Err(KeyError::Conflicting {
+                    return Err(IdempotencyKeyError::Conflicting {
                         first: name(a),
                         second: name(b),
                     });
@@ -133,7 +134,7 @@ impl KeyHeaders {
 
 /// The key of `X-Bird-Idempotency-Key` alone (the default `key_headers`);
 /// see [`KeyHeaders::extract`].
-pub fn extract_key(message: &[u8]) -> Result<Option<String>, KeyError> {
+pub fn extract_key(message: &[u8]) -> Result<Option<String>, IdempotencyKeyError> {
     KeyHeaders::default().extract(message)
 }
 
@@ -175,7 +176,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn key(msg: &str) -> Result<Option<String>, KeyError> {
+    fn key(msg: &str) -> Result<Option<String>, IdempotencyKeyError> {
         extract_key(msg.as_bytes())
     }
 
@@ -244,7 +245,7 @@ mod tests {
         // Value is case-sensitive.
         assert_eq!(
             key("X-Bird-Idempotency-Key: K1\r\nx-bird-idempotency-key: k1\r\n\r\n"),
-            Err(KeyError::Repeated {
+            Err(IdempotencyKeyError::Repeated {
                 header: HEADER_NAME.into()
             })
         );
@@ -271,7 +272,7 @@ mod tests {
         );
         assert_eq!(
             key("X-Bird-Idempotency-Key: k\r\nX-Bird-Idempotency-Key: j\r\n\r\n"),
-            Err(KeyError::Repeated {
+            Err(IdempotencyKeyError::Repeated {
                 header: HEADER_NAME.into()
             })
         );
@@ -298,7 +299,7 @@ mod tests {
         let long = "日".repeat(MAX_KEY_CHARS + 1);
         assert_eq!(
             key(&format!("X-Bird-Idempotency-Key: {long}\r\n\r\n")),
-            Err(KeyError::TooLong {
+            Err(IdempotencyKeyError::TooLong {
                 header: HEADER_NAME.into(),
                 chars: 256
             })
@@ -315,7 +316,7 @@ mod tests {
     fn not_utf8() {
         assert_eq!(
             extract_key(b"X-Bird-Idempotency-Key: ab\xff\xfe\r\n\r\n"),
-            Err(KeyError::NotUtf8 {
+            Err(IdempotencyKeyError::NotUtf8 {
                 header: HEADER_NAME.into()
             })
         );
@@ -410,7 +411,7 @@ mod tests {
         // Named in list order, whatever the message order.
         assert_eq!(
             err,
-            KeyError::Conflicting {
+            IdempotencyKeyError::Conflicting {
                 first: "X-Idempotency-Key".into(),
                 second: "Idempotency-Key".into()
             }
@@ -421,7 +422,7 @@ mod tests {
         );
         assert_eq!(
             h.extract(b"X-Idempotency-Key: a\r\nx-idempotency-key: b\r\n\r\n"),
-            Err(KeyError::Repeated {
+            Err(IdempotencyKeyError::Repeated {
                 header: "X-Idempotency-Key".into()
             })
         );
@@ -433,7 +434,7 @@ mod tests {
         );
         assert_eq!(
             h.extract(b"X-Idempotency-Key: \xff\r\n\r\n"),
-            Err(KeyError::NotUtf8 {
+            Err(IdempotencyKeyError::NotUtf8 {
                 header: "X-Idempotency-Key".into()
             })
         );

@@ -7,17 +7,17 @@
 use sha2::{Digest, Sha256};
 
 use super::fingerprint::Fingerprint;
-use super::key::{KeyError, MAX_KEY_CHARS};
+use super::key::{IdempotencyKeyError, MAX_KEY_CHARS};
 
 /// The key of `Idempotency-Key: <raw>`: `None` when absent or blank, an
 /// error when over [`MAX_KEY_CHARS`] characters.
-pub fn request_key(raw: Option<&str>) -> Result<Option<String>, KeyError> {
+pub fn request_key(raw: Option<&str>) -> Result<Option<String>, IdempotencyKeyError> {
     let Some(key) = raw.map(str::trim).filter(|k| !k.is_empty()) else {
         return Ok(None);
     };
     let chars = key.chars().count();
     if chars > MAX_KEY_CHARS {
-        return Err(KeyError::TooLong {
+        return Err(IdempotencyKeyError::TooLong {
             header: "Idempotency-Key".into(),
             chars,
         });
@@ -49,7 +49,7 @@ mod tests {
         assert!(request_key(Some(&"é".repeat(255))).is_ok());
         assert!(matches!(
             request_key(Some(&"k".repeat(256))),
-            Err(KeyError::TooLong { chars: 256, .. })
+            Err(IdempotencyKeyError::TooLong { chars: 256, .. })
         ));
         let body = [1; 32];
         let a = request_fingerprint("POST /v1/messages/Q1/hold?", &body);

@@ -11,7 +11,7 @@ use clap::Parser;
 use mail_send::Credentials;
 
 use super::Failure;
-use super::client::{Server, TlsMode};
+use super::client::{SendTls, Server};
 use super::exit::Exit;
 
 /// Submit one message (on stdin) so that it is accepted once, however
@@ -37,8 +37,8 @@ pub struct SendArgs {
     pub server: String,
     /// starttls (required, port 587 style), implicit (port 465 style) or
     /// none (plaintext, local development only).
-    #[arg(long, value_enum, default_value_t = TlsMode::Starttls)]
-    pub tls: TlsMode,
+    #[arg(long, value_enum, default_value_t = SendTls::Starttls)]
+    pub tls: SendTls,
     /// Trust the certificates in this PEM file instead of the system's.
     #[arg(long, value_name = "PATH")]
     pub ca_file: Option<PathBuf>,
@@ -89,7 +89,7 @@ impl SendArgs {
             super::message::check_key(key)
                 .map_err(|why| Failure::new(Exit::Usage, format!("--idempotency-key {why}")))?;
         }
-        if self.ca_file.is_some() && self.tls == TlsMode::None {
+        if self.ca_file.is_some() && self.tls == SendTls::None {
             return Err(Failure::new(
                 Exit::Usage,
                 "--ca-file needs --tls starttls or --tls implicit",
@@ -112,7 +112,7 @@ impl SendArgs {
 
     /// The server and how to reach it.
     pub fn server(&self) -> Result<Server, Failure> {
-        let default_port = if self.tls == TlsMode::Implicit {
+        let default_port = if self.tls == SendTls::Implicit {
             465
         } else {
             587
@@ -120,7 +120,7 @@ impl SendArgs {
         let (host, port) = crate::net::split_host_port(&self.server, default_port)
             .map_err(|e| Failure::new(Exit::Usage, format!("--server {e}")))?;
         let connector = match self.tls {
-            TlsMode::None => None,
+            SendTls::None => None,
             _ => Some(self.connector()?),
         };
         let credentials = match &self.user {
@@ -233,7 +233,7 @@ mod tests {
         assert!(a.extract_recipients && a.ignore_dots);
         assert_eq!(a.recipients, ["y@example.net"]);
         assert_eq!(a.deadline, Duration::from_secs(120));
-        assert_eq!(a.tls, TlsMode::Starttls);
+        assert_eq!(a.tls, SendTls::Starttls);
         assert!(parse(&["-oem", "x@example.net"]).unwrap().check().is_err());
         assert!(parse(&["--flush", "x@example.net"]).is_err());
         assert!(parse(&["--password", "pw"]).is_err());

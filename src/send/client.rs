@@ -19,8 +19,9 @@ use crate::smtp_client::io::{self, Timeouts};
 use crate::smtp_client::transaction::{self as client, Body, Options, Outcome};
 use crate::smtp_client::{ClientError, describe, format_reply, mail_params};
 
+/// How `smtp-once send` reaches the server (`--tls`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum TlsMode {
+pub enum SendTls {
     /// STARTTLS, required.
     Starttls,
     /// TLS from the first byte (port 465 style).
@@ -33,7 +34,7 @@ pub enum TlsMode {
 pub struct Server {
     pub host: String,
     pub port: u16,
-    pub tls: TlsMode,
+    pub tls: SendTls,
     pub connector: Option<TlsConnector>,
     pub credentials: Option<Credentials<String>>,
     /// Our name in EHLO.
@@ -127,13 +128,13 @@ pub async fn attempt(
     };
     let mut client = SmtpClient { stream, timeout };
     match (server.tls, &server.connector) {
-        (TlsMode::Implicit, Some(connector)) => {
+        (SendTls::Implicit, Some(connector)) => {
             match client.into_tls(connector, &server.host).await {
                 Ok(mut tls) => session(&mut tls, server, env, message, timeout).await,
                 Err(e) => tls_failure("TLS", &e, server),
             }
         }
-        (TlsMode::Starttls, Some(connector)) => {
+        (SendTls::Starttls, Some(connector)) => {
             let caps = match greet(&mut client, server, timeout).await {
                 Ok(caps) => caps,
                 Err(a) => return a,

@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use crate::accept::Acceptor;
 use crate::auth::Authenticator;
 use crate::budget::InFlightBudget;
-use crate::config::{Config, TlsMode};
+use crate::config::{Config, SmtpTls};
 use crate::smtp::session::{Session, SessionConfig};
 
 use crate::front_door::{Door, Entrance, Gate, Wording};
@@ -89,13 +89,13 @@ impl Server {
                 max_recipients: config.max_recipients,
                 max_bad_commands: config.max_bad_commands,
                 allow_plaintext_auth: config.allow_plaintext_auth,
-                starttls_offered: listener.tls == TlsMode::StartTls && tls.is_some(),
+                starttls_offered: listener.tls == SmtpTls::StartTls && tls.is_some(),
                 max_junk_commands: config.limits.max_junk_commands,
                 budget: budget.clone(),
             });
             tasks.spawn(accept_loop(
                 socket,
-                listener.tls == TlsMode::Implicit,
+                listener.tls == SmtpTls::Implicit,
                 session_config,
                 shared.clone(),
                 door.clone(),

@@ -3,10 +3,10 @@
 //! (`accept`) and the idempotency rules (`idempotency`) return typed
 //! outcomes; the words live with the front that speaks them.
 
-use crate::accept::channel::Channel;
+use crate::accept::channel::ChannelWording;
 use crate::accept::from_header::SenderRefusal;
 use crate::content_check::ContentFault;
-use crate::idempotency::key::KeyError;
+use crate::idempotency::key::IdempotencyKeyError;
 use crate::message::mime_limits::MimeLimitError;
 use crate::smtp::reply::Reply;
 use crate::store::LedgerEntry;
@@ -14,7 +14,7 @@ use crate::store::LedgerEntry;
 /// The SMTP wording: reply lines.
 pub struct Smtp;
 
-impl Channel for Smtp {
+impl ChannelWording for Smtp {
     fn metric(&self) -> crate::metrics::Channel {
         crate::metrics::Channel::Smtp
     }
@@ -62,7 +62,7 @@ impl Channel for Smtp {
         .to_bytes()
     }
 
-    fn bad_key(&self, error: &KeyError) -> Vec<u8> {
+    fn bad_key(&self, error: &IdempotencyKeyError) -> Vec<u8> {
         Reply::new(554, "5.6.0", &format!("E01001 ValidationError: {error}")).to_bytes()
     }
 
