@@ -368,9 +368,13 @@ else
   SRC_BIN=$REPO_DIR/target/release/smtp-once
 fi
 # A private copy: a rebuild during the run must not change the binary.
+# `smtp-once bench` runs the smtp-once-bench binary from its own folder, so
+# that one comes along (builds before it had the bench inside).
 cp "$SRC_BIN" "$WORKDIR/bin/smtp-once"
+SRC_BENCH=$(dirname "$SRC_BIN")/smtp-once-bench
+[ ! -x "$SRC_BENCH" ] || cp "$SRC_BENCH" "$WORKDIR/bin/smtp-once-bench"
 BIN=$WORKDIR/bin/smtp-once
-"$BIN" bench --help >/dev/null 2>&1 || die "$SRC_BIN has no 'bench' subcommand"
+"$BIN" bench --help >/dev/null 2>&1 || die "$SRC_BIN has no 'bench' subcommand, nor an smtp-once-bench beside it"
 
 need_postfix=0
 { has_peer postfix || has_peer postfix-hold || has_peer smtp-sink || has_peer smtp-once-relay || has_peer postfix-relay || has_peer smtp-sink-dump; } && need_postfix=1

@@ -5,7 +5,6 @@
 pub mod accept;
 pub mod address;
 pub mod auth;
-pub mod bench;
 pub mod budget;
 pub mod cli;
 pub mod clock;

@@ -7,6 +7,7 @@
 mod common;
 
 use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -18,7 +19,22 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// `smtp-once bench` runs this binary from `smtp-once`'s folder. A
+/// workspace-wide `cargo test` builds it beside `BIN` before any test runs;
+/// `cargo test --test cli_papercuts` alone does not, so it says how.
+fn bench_binary() -> PathBuf {
+    let path = Path::new(BIN).with_file_name(smtp_once::cli::BENCH_BINARY);
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build -p smtp-once-bench` (or the whole \
+         `cargo test --all-targets`)",
+        path.display()
+    );
+    path
+}
+
 fn bench(daemon: &Daemon, extra: &[&str]) -> Output {
+    bench_binary();
     Command::new(BIN)
         .args(["bench", "--quiet", "-c", "2", "-n", "6", "--size", "500"])
         .arg("--server")
@@ -50,6 +66,97 @@ fn bench_fails_when_nothing_was_accepted() {
     assert_eq!(report["accepted"], 0);
     assert_eq!(report["replies"]["530"], 6);
     assert_eq!(daemon.queue_count(), 0);
+}
+
+/// The bench is its own binary: `smtp-once bench --help` shows the bench's
+/// own options through the forwarder, under the command the user typed.
+#[test]
+fn bench_help_comes_from_the_bench_binary() {
+    bench_binary();
+    let out = Command::new(BIN)
+        .args(["bench", "--help"])
+        .output()
+        .expect("run bench --help");
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        stdout.contains("Usage: smtp-once bench [OPTIONS]"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("--key-style <KEY_STYLE>"), "{stdout}");
+    assert!(
+        !stdout.contains("[ARGS]"),
+        "the forwarder's own help: {stdout}"
+    );
+}
+
+/// `smtp-once` alone in a folder, as it would be in a hard link next to
+/// `BIN` (same file system, so no 200 MB copy).
+fn lone_smtp_once() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let exe = dir.path().join("smtp-once");
+    if std::fs::hard_link(BIN, &exe).is_err() {
+        std::fs::copy(BIN, &exe).expect("copy smtp-once");
+    }
+    (dir, exe)
+}
+
+#[test]
+fn bench_without_its_binary_says_which_is_missing() {
+    let (dir, exe) = lone_smtp_once();
+    let out = Command::new(&exe)
+        .args(["bench", "-n", "1"])
+        .output()
+        .expect("run");
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let missing = dir.path().join("smtp-once-bench");
+    assert!(
+        stderr.contains(&format!(
+            "smtp-once: bench: smtp-once-bench is not installed beside smtp-once: no {}",
+            missing.display()
+        )),
+        "{stderr}"
+    );
+}
+
+/// Every argument reaches the bench as written (hyphens, `--help`, odd
+/// values), and its exit code comes back.
+#[test]
+fn bench_forwards_arguments_and_exit_code() {
+    use std::os::unix::fs::PermissionsExt;
+    let (dir, exe) = lone_smtp_once();
+    let stub = dir.path().join("smtp-once-bench");
+    std::fs::write(&stub, "#!/bin/sh\nprintf '%s\\n' \"$@\"\nexit 7\n").expect("stub");
+    std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let args = [
+        "-c",
+        "2",
+        "--json",
+        "--help",
+        "--to=a b@x",
+        "-",
+        "--",
+        "last",
+    ];
+    // A fork elsewhere in this process may hold the stub open for writing
+    // until its exec: ETXTBSY ("Text file busy") for a moment.
+    let mut tries = 0;
+    let out = loop {
+        let out = Command::new(&exe)
+            .arg("bench")
+            .args(args)
+            .output()
+            .expect("run");
+        tries += 1;
+        if tries == 20 || !text(&out.stderr).contains("Text file busy") {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    let lines: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
+    assert_eq!(lines, args, "{lines:?}");
 }
 
 #[test]

@@ -2,8 +2,9 @@
 //! file holds the clap definitions and the dispatch; each job's work is in
 //! its own file: `serve` (the composition root and `check-config`),
 //! `queue` (status and the queue actions), `webhooks`, `keys`
-//! (`dkim-keygen`, `hash-password`, `new-api-key`). Nothing outside `cli/`
-//! imports it but `main.rs`.
+//! (`dkim-keygen`, `hash-password`, `new-api-key`), and `bench`, which
+//! runs the `smtp-once-bench` binary. Nothing outside `cli/` imports it but
+//! `main.rs`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,6 +13,7 @@ use clap::{Parser, Subcommand};
 
 use queue::QueueCommand;
 
+mod bench;
 mod help;
 mod housekeeping;
 mod keys;
@@ -20,6 +22,7 @@ pub(crate) mod queue;
 pub mod serve;
 mod webhooks;
 
+pub use bench::BENCH_BINARY;
 pub use keys::KeyAlgorithm;
 pub use webhooks::WebhooksCommand;
 
@@ -99,7 +102,14 @@ pub enum Command {
         args: Vec<std::ffi::OsString>,
     },
     /// Load generator: submit messages over SMTP and report msgs/s and latency.
-    Bench(crate::bench::BenchArgs),
+    ///
+    /// Runs `smtp-once-bench` from this binary's folder with the same
+    /// arguments (`smtp-once bench --help`).
+    #[command(disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Make queued or deferred messages due now.
     Retry {
         #[arg(long, short)]
@@ -193,7 +203,7 @@ pub fn run(cli: Cli) -> ExitCode {
                 limit,
             },
         ),
-        Command::Bench(args) => bench(args),
+        Command::Bench { args } => return bench::forward(args),
         Command::Send { args } => return crate::send::run(args),
         Command::Retry {
             config,
@@ -233,14 +243,4 @@ pub fn run(cli: Cli) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn bench(args: crate::bench::BenchArgs) -> Result<(), String> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start runtime: {e}"))?;
-    runtime
-        .block_on(crate::bench::run_cli(args))
-        .map_err(|e| format!("bench: {e}"))
 }

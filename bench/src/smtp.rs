@@ -14,11 +14,11 @@ use tokio::time::timeout;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
-use super::BenchError;
-use crate::smtp_client::io::{self as client_io, Timeouts};
-use crate::smtp_client::reply::{self, Reply as FullReply};
-use crate::smtp_client::transaction::{Body, CLOSING, Options, Outcome, Transaction};
-use crate::smtp_client::{ClientError, format_reply};
+use crate::BenchError;
+use smtp_once::smtp_client::io::{self as client_io, Timeouts};
+use smtp_once::smtp_client::reply::{self, Reply as FullReply};
+use smtp_once::smtp_client::transaction::{Body, CLOSING, Options, Outcome, Transaction};
+use smtp_once::smtp_client::{ClientError, format_reply};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Generous: a loaded server on the same 2 cores may stall for a while.

@@ -183,7 +183,15 @@ fn push_u64(buf: &mut Vec<u8>, mut n: u64) {
 
 /// RFC 5322 date of "now" in UTC, computed once per run.
 pub(super) fn rfc5322_now() -> String {
-    crate::time::rfc5322_date(crate::store::now_millis() / 1000)
+    smtp_once::time::rfc5322_date(now_secs())
+}
+
+/// Unix seconds now (0 for a clock before 1970, which only shows in the
+/// `Date:` header).
+fn now_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// Random-enough run prefix without a `rand` dependency: std's `RandomState`

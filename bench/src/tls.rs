@@ -11,14 +11,14 @@ use std::sync::Arc;
 use rustls_pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
-use super::BenchError;
+use crate::BenchError;
 
 /// Accepts any certificate (`tls::encrypt_only_config`), with an explicit
 /// ring provider, so it works whether or not the process has installed a
 /// default provider.
 pub(super) fn insecure_connector() -> Result<TlsConnector, BenchError> {
     Ok(TlsConnector::from(Arc::new(
-        crate::tls::encrypt_only_config()?,
+        smtp_once::tls::encrypt_only_config()?,
     )))
 }
 

@@ -1,4 +1,8 @@
-//! `smtp-once bench`: a cheap SMTP load generator for the relay.
+//! `smtp-once-bench` (also run as `smtp-once bench`): a cheap SMTP load
+//! generator for the relay. A package of its own: it uses the relay's
+//! library only for its ground floor (`smtp_client`'s transaction and
+//! commands, `tls::encrypt_only_config`, `trace::rfc5322_date`), and the
+//! library carries no bench code.
 //!
 //! It shares the 2-core machine with the server, so the client does as
 //! little as possible per message: payloads are pre-built, buffers reused,
@@ -249,8 +253,8 @@ fn refusal_hint(replies: &BTreeMap<String, u64>) -> &'static str {
     }
 }
 
-/// Runs the bench and prints the summary as `--json` asks: what the CLI
-/// subcommand should call. The report is printed even when the run failed
+/// Runs the bench and prints the summary as `--json` asks: what the
+/// binary calls. The report is printed even when the run failed
 /// (nothing accepted), then the error says why.
 pub async fn run_cli(args: BenchArgs) -> Result<(), BenchError> {
     let json = args.json;
@@ -556,7 +560,7 @@ fn build_shared(args: &BenchArgs) -> Result<Shared, BenchError> {
     // With a chosen key prefix the messages are fully determined by it, so
     // a second run with the same prefix measures replays.
     let date = match &args.key_prefix {
-        Some(_) => crate::time::rfc5322_date(0),
+        Some(_) => smtp_once::time::rfc5322_date(0),
         None => message::rfc5322_now(),
     };
     let template = MessageTemplate::new(
