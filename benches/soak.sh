@@ -21,7 +21,8 @@
 #               counted every 5 s by the daemon: up to 5 s old)
 #   relayed     delivered so far
 #   wr KiB/msg  bytes the daemon wrote to disk in the window (/proc/PID/io
-#               write_bytes: WAL, checkpoints, fsynced pages) / accepted
+#               write_bytes: WAL, checkpoints, fsynced pages) / accepted;
+#               SQLite only (PostgreSQL writes in its own processes: 0)
 #   jobs/commit mean jobs per group commit in the window
 #               (smtp_once_commit_batch_jobs_sum / _count)
 #
