@@ -3,6 +3,7 @@
 //! `check-config` lists unknown keys with every other problem, and
 //! `hash-password` reads without echo on a terminal; and issue 21's
 //! grouped `--help`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

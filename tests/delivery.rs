@@ -3,6 +3,7 @@
 //! `common/tiny.rs`),
 //! exactly once across `kill -9`, MX routing with a made-up resolver,
 //! bounces, operator commands and shutdown.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

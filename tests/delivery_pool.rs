@@ -3,6 +3,7 @@
 //! transactions per connection and QUITs, and records every message key it
 //! received. Faults the sink can play: close a connection after its first
 //! message, answer 421 to the second MAIL, vanish after the second dot.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! logged every SQL parameter, message bodies included. The real binary on
 //! a fresh PostgreSQL database, at debug and at trace, takes a message over
 //! SMTP and HTTP and relays it; nothing of it may show on stderr.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

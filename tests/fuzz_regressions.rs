@@ -10,6 +10,7 @@
 //! dialogue.
 //! A stack overflow aborts this whole test binary instead of failing one
 //! test: the abort message names the thread (`fuzz_regressions::<target>`).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 #[path = "../fuzz/src/glue.rs"]
 mod glue;

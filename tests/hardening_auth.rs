@@ -2,6 +2,7 @@
 //! throttling and bans, and log lines a client cannot forge. Against the
 //! real daemon; clients pick their source address on 127.0.0.0/8 so that
 //! one test can play several hosts.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

@@ -3,6 +3,7 @@
 //! clients that never read, and the accept loop out of file descriptors.
 //! Every test runs the real daemon with small limits and prints the
 //! measured time to cut a client off.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! Issue 8, the session's share: content smuggling, NUL bytes, empty and
 //! BINARYMIME messages, the junk-command limit and the in-flight memory
 //! budget, each against the real daemon.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

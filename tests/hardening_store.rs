@@ -2,6 +2,7 @@
 //! moved while running, file modes whatever the umask, and a full disk on a
 //! real (tmpfs) filesystem. Runs as root (mount); a test that cannot mount
 //! fails rather than skips.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

@@ -5,6 +5,7 @@
 //! cannot be read), workspace isolation and the operator role, a cancel
 //! refused under a live lease and allowed once it ends, and the webhook
 //! events each action causes.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! over HTTP, a key shared with SMTP, JSON bodies, workspace isolation on
 //! GET, a same-key storm over HTTP and SMTP at once, and a kill -9 after
 //! COMMIT followed by the retry.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

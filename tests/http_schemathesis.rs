@@ -7,6 +7,7 @@
 //! schemathesis is a test dependency (PyPI, `pip3 install
 //! schemathesis==4.32.5`; `scripts/test.sh` installs it): when it is
 //! missing this test fails, it does not skip.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

@@ -3,6 +3,7 @@
 //! kill -9, restart, retention and an unreachable ledger. Runs on SQLite, and
 //! on PostgreSQL under `SMTP_ONCE_TEST_STORE=postgres` (scripts/test.sh runs
 //! both).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

@@ -4,6 +4,7 @@
 //! smtp-once, and the next hop still gets exactly one
 //! `X-Bird-Idempotency-Key`. Real binary, real TCP, real SQLite file, the
 //! file-mode outbox as the next hop.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! connections, submissions, commits, deliveries and failed logins happen;
 //! /healthz and /readyz (503 while the data directory is gone); and
 //! `--log-format json`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

@@ -4,6 +4,7 @@
 //! section 3: trace and transit fields are not part of the identity). And
 //! the MTA's bounces (`MAIL FROM:<>`) are accepted from an authenticated
 //! or trusted client, so a refusal is not silently lost.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

@@ -4,6 +4,7 @@
 //! nodes, `kill -9` of a node under load, delivery across three nodes into a
 //! fourth smtp-once with a node killed mid-relay, backends terminated under
 //! load, and the configuration and schema-version checks.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

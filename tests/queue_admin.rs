@@ -2,6 +2,7 @@
 //! `retry`, `release`, `delete`, `retry --all`) of the real binary against
 //! a running daemon, on SQLite and on PostgreSQL: one script, two stores,
 //! and the same transcript (queue ids, dates, ports and sizes aside).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

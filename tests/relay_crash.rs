@@ -4,6 +4,7 @@
 //! clients keep submitting to A while A relays, and A is killed in the
 //! middle of it. Runs on SQLite, and on PostgreSQL (A and B each on a
 //! database of its own) under `SMTP_ONCE_TEST_STORE=postgres`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

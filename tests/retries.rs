@@ -3,6 +3,7 @@
 //! Under the same key that is the same message (SPEC section 3): replayed,
 //! one queue row, and the copy stored and relayed is the first one. A real
 //! change under a used key is E01005 naming what the key belongs to.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

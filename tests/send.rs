@@ -1,6 +1,7 @@
 //! `smtp-once send` against the real daemon: the client process over real
 //! TCP (and TLS), and in-test proxies that lose the reply to the final dot
 //! after the server committed the message.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

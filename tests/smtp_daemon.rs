@@ -1,5 +1,6 @@
 //! The submission daemon over real sockets: TLS, AUTH, limits, BDAT,
 //! PIPELINING, durability of the queue, shutdown, and the operator CLI.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

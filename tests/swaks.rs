@@ -1,6 +1,7 @@
 //! Runs every `tests/swaks/*.sh` script (swaks is the tool our users test
 //! relays with) against one real daemon. swaks must be installed: the
 //! README's test command (`scripts/test.sh`) installs it.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 mod common;
 

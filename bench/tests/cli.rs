@@ -1,5 +1,6 @@
 //! The `smtp-once-bench` binary as a user runs it: its help, its refusals
 //! of bad arguments, and a run with no server to talk to.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
 
 use std::net::TcpListener;
 use std::process::{Command, Output};

@@ -40,7 +40,7 @@ const READ_MARK: u8 = 0xFF;
 /// drives it. Checks: no panic, every flushed reply is well formed, nothing
 /// pipelined before STARTTLS is answered after it, and each submission fits
 /// the envelope limits and comes from an authenticated or trusted client.
-pub fn session(data: &[u8]) {
+pub(crate) fn session(data: &[u8]) {
     let Some((&flags, script)) = data.split_first() else {
         return;
     };
@@ -259,7 +259,7 @@ fn check_replies(out: &[u8]) {
 
 /// Key extraction on arbitrary content: no panic, and a key is non-empty,
 /// at most `MAX_KEY_CHARS` chars and trimmed.
-pub fn key(data: &[u8]) {
+pub(crate) fn key(data: &[u8]) {
     if let Ok(Some(key)) = extract_key(data) {
         assert!(!key.is_empty(), "empty key returned as a key");
         assert!(key.chars().count() <= MAX_KEY_CHARS);
@@ -276,7 +276,7 @@ pub fn key(data: &[u8]) {
 
 /// The fingerprint on arbitrary MIME, with the default volatile headers and
 /// strict: no panic, and deterministic.
-pub fn fingerprint(data: &[u8]) {
+pub(crate) fn fingerprint(data: &[u8]) {
     let recipients = ["b@example.test".to_string(), "a@example.test".to_string()];
     for volatile in [VolatileHeaders::default(), VolatileHeaders::none()] {
         let first = message_fingerprint("s@example.test", &recipients, data, &volatile);
@@ -291,7 +291,7 @@ pub fn fingerprint(data: &[u8]) {
 /// Relative paths resolve under a folder that does not exist. Text naming
 /// a device or pseudo-file is skipped: `cert = "/dev/zero"` makes the loader
 /// read forever, which is the operator's doing, not a parser bug.
-pub fn config(data: &[u8]) {
+pub(crate) fn config(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     if ["/dev", "/proc", "/sys"].iter().any(|p| text.contains(p)) {
         return;
@@ -309,7 +309,7 @@ pub fn config(data: &[u8]) {
 /// `Received:`) has no CR, LF or NUL, parses back to the same path, and
 /// never adds a parameter: a `SIZE=` we put after it is still the one and
 /// only parameter the next hop sees.
-pub fn address(data: &[u8]) {
+pub(crate) fn address(data: &[u8]) {
     let mut line = b"MAIL FROM:".to_vec();
     line.extend_from_slice(data);
     line.extend_from_slice(b"\r\n");
@@ -401,7 +401,7 @@ const COMPOSED_HEADERS: &[&str] = &[
 /// finding 1): whatever it accepts has no header the input did not name,
 /// exactly one `From`, `Date`, `Message-ID` and `MIME-Version`, no `Bcc`,
 /// and no bare CR, bare LF or NUL anywhere.
-pub fn compose(data: &[u8]) {
+pub(crate) fn compose(data: &[u8]) {
     let Some((&flags, rest)) = data.split_first() else {
         return;
     };

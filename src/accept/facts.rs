@@ -15,7 +15,7 @@ use super::channel::KeySource;
 use super::from_header::{self, SenderRefusal};
 
 /// What decides the path through the acceptance pipeline.
-pub enum Verdict {
+pub(super) enum Verdict {
     /// The key header is invalid (`E01001`).
     BadKey(IdempotencyKeyError),
     /// The MIME structure is over the limits; the message was not parsed.
@@ -32,21 +32,21 @@ pub enum Verdict {
 /// What decides a message's identity: the MIME limits within which it is
 /// parsed, and which headers carry the key or stay out of the fingerprint.
 #[derive(Debug, Clone)]
-pub struct IdentityRules {
+pub(super) struct IdentityRules {
     pub limits: MimeLimits,
     pub volatile: VolatileHeaders,
     pub transit: TransitHeaders,
     pub key_headers: KeyHeaders,
 }
 
-pub struct Facts {
+pub(super) struct Facts {
     pub verdict: Verdict,
     /// Why the `From:` header is refused, if it is.
     pub from_rejection: Option<SenderRefusal>,
 }
 
 impl Facts {
-    pub fn of(sub: &Submission, source: &KeySource, rules: &IdentityRules) -> Facts {
+    pub(super) fn of(sub: &Submission, source: &KeySource, rules: &IdentityRules) -> Facts {
         let IdentityRules {
             limits,
             volatile,
@@ -88,7 +88,7 @@ impl Facts {
 /// one of them within the retention window still replays for a
 /// byte-identical retry after an upgrade or a config change. Empty if the
 /// content is over the limits (it passed them once, so never here).
-pub fn earlier_fingerprints(
+pub(super) fn earlier_fingerprints(
     sub: &Submission,
     source: &KeySource,
     rules: &IdentityRules,

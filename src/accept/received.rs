@@ -18,7 +18,7 @@ pub struct TraceOptions {
     pub auth: bool,
 }
 
-pub fn received_header(
+pub(super) fn received_header(
     sub: &Submission,
     hostname: &str,
     queue_id: &str,

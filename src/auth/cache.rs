@@ -12,28 +12,28 @@ use sha2::{Digest, Sha256};
 use super::Account;
 
 /// How long a verified user/password pair is trusted without hashing.
-pub const SUCCESS_TTL: Duration = Duration::from_secs(5 * 60);
+pub(super) const SUCCESS_TTL: Duration = Duration::from_secs(5 * 60);
 /// Entries at most (each ~100 bytes).
-pub const SUCCESS_CAPACITY: usize = 4096;
+pub(super) const SUCCESS_CAPACITY: usize = 4096;
 
 /// The account a key proved, and until when.
 type Entry = (Arc<Account>, Instant);
 
-pub struct SuccessCache {
+pub(super) struct SuccessCache {
     /// Per-process random salt: the keys are useless outside this process.
     salt: Salt,
     entries: Mutex<HashMap<[u8; 32], Entry>>,
 }
 
 impl SuccessCache {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self {
             salt: Salt::generate(),
             entries: Mutex::new(HashMap::new()),
         }
     }
 
-    pub fn get(&self, user: &str, password: &str, now: Instant) -> Option<Arc<Account>> {
+    pub(super) fn get(&self, user: &str, password: &str, now: Instant) -> Option<Arc<Account>> {
         let key = self.key(user, password);
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         match entries.get(&key) {
@@ -46,7 +46,7 @@ impl SuccessCache {
         }
     }
 
-    pub fn insert(&self, user: &str, password: &str, account: Arc<Account>, now: Instant) {
+    pub(super) fn insert(&self, user: &str, password: &str, account: Arc<Account>, now: Instant) {
         let key = self.key(user, password);
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         if entries.len() >= SUCCESS_CAPACITY && !entries.contains_key(&key) {

@@ -59,7 +59,7 @@ fn unmap(ip: IpAddr) -> IpAddr {
 
 /// The unit a client is throttled by: its IPv4 address, or its IPv6 /64
 /// (one subscriber gets a whole /64, so single v6 addresses cost nothing).
-pub fn client_key(ip: IpAddr) -> IpAddr {
+pub(super) fn client_key(ip: IpAddr) -> IpAddr {
     match unmap(ip) {
         IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & (u128::MAX << 64))),
         v4 => v4,

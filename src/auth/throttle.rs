@@ -20,12 +20,12 @@ use std::time::{Duration, Instant};
 use super::networks::client_key;
 
 /// Client addresses (or IPv6 /64s) tracked at most. Each is ~64 bytes.
-pub const MAX_TRACKED_CLIENTS: usize = 65_536;
+pub(super) const MAX_TRACKED_CLIENTS: usize = 65_536;
 /// Account names tracked at most (unknown names too, so that the replies
 /// don't reveal which names exist).
-pub const MAX_TRACKED_ACCOUNTS: usize = 16_384;
+pub(super) const MAX_TRACKED_ACCOUNTS: usize = 16_384;
 /// How long a successful login exempts an address from its account's ban.
-pub const KNOWN_ADDRESS_MEMORY: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(super) const KNOWN_ADDRESS_MEMORY: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Addresses remembered per account.
 const KNOWN_ADDRESSES_PER_ACCOUNT: usize = 16;
 /// No account name is longer (config's `check_label`).
@@ -56,7 +56,7 @@ pub struct ThrottleSettings {
 
 /// Whether an AUTH attempt may go ahead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
+pub(super) enum Admission {
     Allowed,
     /// The budget is taken by checks still in flight: ask again shortly.
     Wait,
@@ -64,7 +64,7 @@ pub enum Admission {
     AccountLocked,
 }
 
-pub struct Throttle {
+pub(super) struct Throttle {
     settings: ThrottleSettings,
     state: Mutex<State>,
 }
@@ -78,7 +78,7 @@ struct State {
 
 /// An admitted check: counted in flight until it is settled, or until it is
 /// dropped (a cancelled task) so that no path can leave it counted.
-pub struct InFlight<'a> {
+pub(super) struct InFlight<'a> {
     throttle: &'a Throttle,
     ip: IpAddr,
     user: String,
@@ -86,13 +86,13 @@ pub struct InFlight<'a> {
 }
 
 impl InFlight<'_> {
-    pub fn succeeded(mut self, now: Instant) {
+    pub(super) fn succeeded(mut self, now: Instant) {
         self.settled = true;
         self.throttle.succeeded(self.ip, &self.user, now);
     }
 
     /// Returns how long to wait before replying.
-    pub fn failed(mut self, now: Instant) -> Duration {
+    pub(super) fn failed(mut self, now: Instant) -> Duration {
         self.settled = true;
         self.throttle.failed(self.ip, &self.user, now)
     }
@@ -189,7 +189,7 @@ fn record<'a, K: Hash + Eq + Clone>(
 }
 
 impl Throttle {
-    pub fn new(settings: ThrottleSettings) -> Self {
+    pub(super) fn new(settings: ThrottleSettings) -> Self {
         Self {
             settings,
             state: Mutex::new(State::default()),
@@ -201,7 +201,7 @@ impl Throttle {
     }
 
     /// Whether `ip` is banned right now (checked when it connects).
-    pub fn is_banned(&self, ip: IpAddr, now: Instant) -> bool {
+    pub(super) fn is_banned(&self, ip: IpAddr, now: Instant) -> bool {
         self.state()
             .clients
             .get(&client_key(ip))
@@ -212,7 +212,7 @@ impl Throttle {
     /// whatever the password: checked before anything else, the success
     /// cache included, or a banned guesser could still learn when a guess
     /// was right.
-    pub fn refusal(&self, ip: IpAddr, user: &str, now: Instant) -> Option<Admission> {
+    pub(super) fn refusal(&self, ip: IpAddr, user: &str, now: Instant) -> Option<Admission> {
         let user = account_key(user);
         let ip = client_key(ip);
         let state = self.state();
@@ -226,7 +226,7 @@ impl Throttle {
     /// Decides on an attempt and, if it may go ahead, counts it in flight
     /// until [`Throttle::succeeded`], [`Throttle::failed`] or
     /// [`Throttle::not_checked`].
-    pub fn admit(&self, ip: IpAddr, user: &str, now: Instant) -> Admission {
+    pub(super) fn admit(&self, ip: IpAddr, user: &str, now: Instant) -> Admission {
         let user = account_key(user);
         let s = &self.settings;
         let ip = client_key(ip);
@@ -271,7 +271,7 @@ impl Throttle {
     }
 
     /// The in-flight ticket for an attempt [`Throttle::admit`] allowed.
-    pub fn in_flight(&self, ip: IpAddr, user: &str) -> InFlight<'_> {
+    pub(super) fn in_flight(&self, ip: IpAddr, user: &str) -> InFlight<'_> {
         let user = account_key(user);
         InFlight {
             throttle: self,
@@ -283,7 +283,7 @@ impl Throttle {
 
     /// The attempt succeeded: it is no longer in flight; remember the
     /// address as one the account logs in from.
-    pub fn succeeded(&self, ip: IpAddr, user: &str, now: Instant) {
+    pub(super) fn succeeded(&self, ip: IpAddr, user: &str, now: Instant) {
         let user = account_key(user);
         self.finished(client_key(ip), user);
         self.remember_login(ip, user, now);
@@ -291,7 +291,7 @@ impl Throttle {
 
     /// A login known good without a check (the success cache): nothing was
     /// admitted, but the address is remembered all the same.
-    pub fn remember_login(&self, ip: IpAddr, user: &str, now: Instant) {
+    pub(super) fn remember_login(&self, ip: IpAddr, user: &str, now: Instant) {
         let user = account_key(user);
         let ip = client_key(ip);
         let mut state = self.state();
@@ -306,7 +306,7 @@ impl Throttle {
     }
 
     /// The attempt could not be checked (server busy): not the client's fault.
-    pub fn not_checked(&self, ip: IpAddr, user: &str) {
+    pub(super) fn not_checked(&self, ip: IpAddr, user: &str) {
         let user = account_key(user);
         self.finished(client_key(ip), user);
     }
@@ -323,7 +323,7 @@ impl Throttle {
 
     /// The password was wrong. Starts bans when a budget is used up and
     /// returns how long to wait before replying.
-    pub fn failed(&self, peer: IpAddr, user: &str, now: Instant) -> Duration {
+    pub(super) fn failed(&self, peer: IpAddr, user: &str, now: Instant) -> Duration {
         let user = account_key(user);
         let s = &self.settings;
         let ip = client_key(peer);

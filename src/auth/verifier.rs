@@ -27,7 +27,7 @@ pub enum HashError {
 
 /// A `password_hash` from the config, parsed once at startup.
 #[derive(Debug)]
-pub struct StoredHash {
+pub(super) struct StoredHash {
     algorithm: Algorithm,
     version: Version,
     params: Params,
@@ -36,7 +36,7 @@ pub struct StoredHash {
 }
 
 impl StoredHash {
-    pub fn parse(phc: &str) -> Result<Self, HashError> {
+    pub(super) fn parse(phc: &str) -> Result<Self, HashError> {
         let h = PasswordHash::new(phc).map_err(|e| HashError::NotPhc(e.to_string()))?;
         let algorithm = Algorithm::new(h.algorithm.as_str())
             .map_err(|_| HashError::NotArgon2(h.algorithm.to_string()))?;
@@ -92,10 +92,10 @@ const MMAP_FLOOR_BLOCKS: usize = (32 << 20) / Block::SIZE + 256;
 
 /// The hashing threads are all busy and the wait queue is full.
 #[derive(Debug)]
-pub struct Busy;
+pub(super) struct Busy;
 
 /// The fixed pool of hashing threads with its bounded queue.
-pub struct HashPool {
+pub(super) struct HashPool {
     jobs: mpsc::Sender<Job>,
     /// Jobs sent and not yet taken by a thread.
     waiting: Arc<AtomicUsize>,
@@ -122,7 +122,7 @@ impl Drop for Slot {
 }
 
 impl HashPool {
-    pub fn start(threads: usize, queue: usize) -> std::io::Result<Self> {
+    pub(super) fn start(threads: usize, queue: usize) -> std::io::Result<Self> {
         let (jobs, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         let waiting = Arc::new(AtomicUsize::new(0));
@@ -141,7 +141,7 @@ impl HashPool {
     }
 
     /// Whether `password` matches `hash`, computed on a hashing thread.
-    pub async fn verify(&self, hash: Arc<StoredHash>, password: &str) -> Result<bool, Busy> {
+    pub(super) async fn verify(&self, hash: Arc<StoredHash>, password: &str) -> Result<bool, Busy> {
         let slot = self.take_slot().ok_or(Busy)?;
         let (reply, answer) = oneshot::channel();
         let job = Job {

@@ -23,7 +23,7 @@ const GROUPS: &[(&str, &[&str])] = &[
 const UNGROUPED: &str = "Other";
 
 /// The top-level help template: clap's own layout with the grouped list.
-pub fn template() -> String {
+pub(super) fn template() -> String {
     format!(
         "{{about-with-newline}}\n{{usage-heading}} {{usage}}\n\n{}\
          `smtp-once help COMMAND` or `smtp-once COMMAND --help` for one command's options.\n\n\

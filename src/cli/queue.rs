@@ -16,7 +16,7 @@ use crate::time::rfc5322_date;
 use crate::webhook::Router;
 
 /// One operator command, as parsed.
-pub enum QueueCommand<'a> {
+pub(crate) enum QueueCommand<'a> {
     Status(&'a str),
     List {
         state: Option<&'a str>,
@@ -35,7 +35,7 @@ pub enum QueueCommand<'a> {
     Delete(&'a [String]),
 }
 
-pub fn run(config: &Path, command: QueueCommand<'_>) -> Result<(), String> {
+pub(crate) fn run(config: &Path, command: QueueCommand<'_>) -> Result<(), String> {
     // Check the arguments before touching the store.
     let state = match &command {
         QueueCommand::List { state: Some(s), .. } => Some(MessageState::parse(s).ok_or_else(|| {
@@ -208,7 +208,7 @@ where
 }
 
 /// What the operator reads when the store refused.
-pub fn words(e: &AdminError) -> String {
+pub(crate) fn words(e: &AdminError) -> String {
     use MessageState::{Delivering, Held};
     match e {
         AdminError::State { id, state, action } => {
@@ -234,7 +234,7 @@ pub fn words(e: &AdminError) -> String {
     }
 }
 
-pub fn format_status(m: &MessageStatus) -> String {
+pub(crate) fn format_status(m: &MessageStatus) -> String {
     let next = m
         .next_attempt_at
         .filter(|_| matches!(m.state, MessageState::Queued | MessageState::Deferred))

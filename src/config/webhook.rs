@@ -14,7 +14,7 @@ use crate::event_type::EventType;
 
 /// The spec's schedule: immediately, then 5 s, 5 min, 30 min, 2 h, 5 h,
 /// 10 h, 14 h, 20 h and 24 h after each failure (ten attempts).
-pub const DEFAULT_RETRY_SCHEDULE: [&str; 10] = [
+pub(super) const DEFAULT_RETRY_SCHEDULE: [&str; 10] = [
     "0s", "5s", "5m", "30m", "2h", "5h", "10h", "14h", "20h", "24h",
 ];
 
@@ -99,7 +99,7 @@ impl WebhookEndpoint {
 }
 
 /// `whsec_<base64>` with 24 to 64 bytes behind it.
-pub fn parse_secret(value: &str) -> Result<Vec<u8>, String> {
+pub(super) fn parse_secret(value: &str) -> Result<Vec<u8>, String> {
     let encoded = value
         .strip_prefix("whsec_")
         .ok_or("must start with whsec_ (then base64 of 24-64 random bytes)")?;

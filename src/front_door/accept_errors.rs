@@ -6,7 +6,7 @@ use std::time::Duration;
 /// last: log the first, then a summary at most every 10 s, so that running
 /// out of descriptors doesn't also fill the disk with log lines.
 #[derive(Default)]
-pub struct AcceptErrors {
+pub(super) struct AcceptErrors {
     since_logged: u64,
     last_logged: Option<tokio::time::Instant>,
 }
@@ -14,7 +14,7 @@ pub struct AcceptErrors {
 impl AcceptErrors {
     const EVERY: Duration = Duration::from_secs(10);
 
-    pub fn failed(&mut self, listener: &str, error: &std::io::Error) {
+    pub(super) fn failed(&mut self, listener: &str, error: &std::io::Error) {
         let now = tokio::time::Instant::now();
         if self
             .last_logged
@@ -33,7 +33,7 @@ impl AcceptErrors {
         self.last_logged = Some(now);
     }
 
-    pub fn recovered(&mut self) {
+    pub(super) fn recovered(&mut self) {
         if self.last_logged.take().is_some() {
             tracing::info!(repeated = self.since_logged, "accepting connections again");
             self.since_logged = 0;

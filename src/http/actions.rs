@@ -37,7 +37,7 @@ const RETRY_AFTER_SECONDS: &str = "5";
 
 type Id = Result<Path<String>, PathRejection>;
 
-pub async fn cancel(
+pub(super) async fn cancel(
     State(api): State<Arc<Api>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     id: Id,
@@ -46,7 +46,7 @@ pub async fn cancel(
     act(api, peer, id, AdminAction::Cancel, request).await
 }
 
-pub async fn retry(
+pub(super) async fn retry(
     State(api): State<Arc<Api>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     id: Id,
@@ -55,7 +55,7 @@ pub async fn retry(
     act(api, peer, id, AdminAction::Retry, request).await
 }
 
-pub async fn hold(
+pub(super) async fn hold(
     State(api): State<Arc<Api>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     id: Id,
@@ -64,7 +64,7 @@ pub async fn hold(
     act(api, peer, id, AdminAction::Hold, request).await
 }
 
-pub async fn release(
+pub(super) async fn release(
     State(api): State<Arc<Api>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     id: Id,

@@ -12,13 +12,13 @@ use tokio::sync::watch;
 use crate::front_door::http::HttpConnection;
 use crate::front_door::{Door, Entrance, Gate, Wording};
 
-pub struct Limits {
+pub(super) struct Limits {
     pub max_connections: usize,
     pub header_read_timeout: Duration,
     pub shutdown_grace: Duration,
 }
 
-pub async fn run(
+pub(super) async fn run(
     listener: TcpListener,
     app: Router,
     tls: Option<Arc<rustls::ServerConfig>>,

@@ -22,7 +22,7 @@ use crate::store::{
 const DEFAULT_PAGE: usize = 50;
 const MAX_PAGE: usize = 500;
 
-pub async fn one(
+pub(super) async fn one(
     State(api): State<Arc<Api>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     id: Result<Path<String>, PathRejection>,
@@ -60,7 +60,7 @@ pub async fn one(
     }
 }
 
-pub async fn list(
+pub(super) async fn list(
     State(api): State<Arc<Api>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     RawQuery(query): RawQuery,

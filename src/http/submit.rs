@@ -19,7 +19,7 @@ use crate::address::ReversePath;
 use crate::metrics::{self, Outcome};
 use crate::submission::Submission;
 
-pub async fn submit(
+pub(super) async fn submit(
     State(api): State<Arc<Api>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,

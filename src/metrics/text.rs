@@ -64,7 +64,7 @@ impl Format {
 }
 
 /// The 0.0.4 text for an OpenMetrics text exposition.
-pub fn from_openmetrics(openmetrics: &str) -> String {
+pub(super) fn from_openmetrics(openmetrics: &str) -> String {
     // Each family's OpenMetrics type, to name its HELP line (written
     // before its TYPE line) as the text format wants.
     let types: HashMap<&str, &str> = openmetrics

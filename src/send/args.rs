@@ -18,7 +18,7 @@ use super::exit::Exit;
 /// often the connection fails; or resend what an earlier run kept.
 #[derive(Parser, Debug)]
 #[command(name = "smtp-once send", version)]
-pub struct SendArgs {
+pub(super) struct SendArgs {
     /// Recipients from the To, Cc and Bcc headers (the Bcc header is removed
     /// before sending), added to any given as arguments.
     #[arg(short = 't')]
@@ -73,12 +73,12 @@ pub struct SendArgs {
 impl SendArgs {
     /// Parses `smtp-once send`'s arguments (without the program and
     /// subcommand names).
-    pub fn parse_from_args(args: Vec<OsString>) -> Result<SendArgs, clap::Error> {
+    pub(super) fn parse_from_args(args: Vec<OsString>) -> Result<SendArgs, clap::Error> {
         SendArgs::try_parse_from(std::iter::once(OsString::from("smtp-once send")).chain(args))
     }
 
     /// Checks what clap cannot: sendmail options, the key's shape.
-    pub fn check(&self) -> Result<(), Failure> {
+    pub(super) fn check(&self) -> Result<(), Failure> {
         if let Some(o) = self.sendmail_options.iter().find(|o| o.as_str() != "i") {
             return Err(Failure::new(
                 Exit::Usage,
@@ -98,7 +98,7 @@ impl SendArgs {
         Ok(())
     }
 
-    pub fn spool_dir(&self) -> Result<PathBuf, Failure> {
+    pub(super) fn spool_dir(&self) -> Result<PathBuf, Failure> {
         match &self.spool {
             Some(dir) => Ok(dir.clone()),
             None => super::spool::default_dir().ok_or_else(|| {
@@ -111,7 +111,7 @@ impl SendArgs {
     }
 
     /// The server and how to reach it.
-    pub fn server(&self) -> Result<Server, Failure> {
+    pub(super) fn server(&self) -> Result<Server, Failure> {
         let default_port = if self.tls == SendTls::Implicit {
             465
         } else {
@@ -180,7 +180,7 @@ fn readable(path: &Path, flag: &str) -> Result<(), Failure> {
 }
 
 /// `30s`, `2m`, `1h`, `500ms`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
     let digits = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());

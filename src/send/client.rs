@@ -21,7 +21,7 @@ use crate::smtp_client::{ClientError, describe, format_reply, mail_params};
 
 /// How `smtp-once send` reaches the server (`--tls`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum SendTls {
+pub(super) enum SendTls {
     /// STARTTLS, required.
     Starttls,
     /// TLS from the first byte (port 465 style).
@@ -31,7 +31,7 @@ pub enum SendTls {
 }
 
 /// Where and how to submit.
-pub struct Server {
+pub(super) struct Server {
     pub host: String,
     pub port: u16,
     pub tls: SendTls,
@@ -43,7 +43,7 @@ pub struct Server {
 
 /// The outcome of one attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Attempt {
+pub(super) enum Attempt {
     /// 2xx to the final dot.
     Accepted {
         queue_id: Option<String>,
@@ -70,12 +70,12 @@ pub enum Attempt {
 }
 
 /// A client TLS connector trusting `ca_file`, or the system's roots.
-pub fn connector(ca_file: Option<&std::path::Path>) -> Result<TlsConnector, String> {
+pub(super) fn connector(ca_file: Option<&std::path::Path>) -> Result<TlsConnector, String> {
     crate::tls::client_connector(ca_file)
 }
 
 /// The exit code for a 5xx at `stage`.
-pub fn refusal_exit(stage: Stage, r: &Response<String>) -> Exit {
+pub(super) fn refusal_exit(stage: Stage, r: &Response<String>) -> Exit {
     match (r.code, r.esc) {
         (530 | 534 | 535 | 538 | 553, _) | (_, [5, 7, _]) => Exit::NoPerm,
         (552, _) | (_, [5, 6, _]) => Exit::DataErr,
@@ -85,7 +85,7 @@ pub fn refusal_exit(stage: Stage, r: &Response<String>) -> Exit {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
+pub(super) enum Stage {
     Connect,
     Mail,
     Rcpt,
@@ -116,7 +116,7 @@ fn unwelcome(stage: Stage, what: &str, r: &Response<String>) -> Attempt {
 }
 
 /// One attempt; `timeout` bounds each step.
-pub async fn attempt(
+pub(super) async fn attempt(
     server: &Server,
     env: &Envelope,
     message: &[u8],

@@ -11,12 +11,12 @@ use std::ops::Range;
 use mail_parser::{HeaderName, HeaderValue, MessageParser};
 
 /// The header that carries the idempotency key (any case).
-pub const KEY_HEADER: &str = "X-Bird-Idempotency-Key";
+pub(super) const KEY_HEADER: &str = "X-Bird-Idempotency-Key";
 /// The server's limit, in characters.
-pub const MAX_KEY_CHARS: usize = 255;
+pub(super) const MAX_KEY_CHARS: usize = 255;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum MessageError {
+pub(super) enum MessageError {
     #[error("no message on stdin")]
     Empty,
     #[error(
@@ -34,7 +34,7 @@ pub enum MessageError {
 
 /// The message ready for the spool.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Prepared {
+pub(super) struct Prepared {
     /// CRLF throughout, ending in CRLF, key header included.
     pub bytes: Vec<u8>,
     pub key: String,
@@ -47,7 +47,7 @@ pub struct Prepared {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeySource {
+pub(super) enum KeySource {
     Message,
     Option,
     Generated,
@@ -55,7 +55,7 @@ pub enum KeySource {
 
 /// Turns the input into the message to send. `key` is `--idempotency-key`,
 /// used only when the message has none; `extract_recipients` is `-t`.
-pub fn prepare(
+pub(super) fn prepare(
     input: &[u8],
     key: Option<&str>,
     extract_recipients: bool,
@@ -99,7 +99,7 @@ pub fn prepare(
 }
 
 /// Checks a key given with `--idempotency-key` the way the server would.
-pub fn check_key(key: &str) -> Result<(), String> {
+pub(super) fn check_key(key: &str) -> Result<(), String> {
     let chars = key.chars().count();
     if key.trim() != key || key.is_empty() {
         return Err("is empty or has spaces around it".into());
@@ -117,7 +117,7 @@ pub fn check_key(key: &str) -> Result<(), String> {
 
 /// LF and CRLF become CRLF; a CR anywhere else is refused, as is NUL. The
 /// result ends in CRLF.
-pub fn normalise(input: &[u8]) -> Result<Vec<u8>, MessageError> {
+pub(super) fn normalise(input: &[u8]) -> Result<Vec<u8>, MessageError> {
     if input.is_empty() {
         return Err(MessageError::Empty);
     }

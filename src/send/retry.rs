@@ -17,12 +17,12 @@ const MAX_STEP: Duration = Duration::from_secs(60);
 
 /// The last attempt's outcome, and whether any attempt got as far as
 /// sending the final dot (so the server may hold the message).
-pub struct Settled {
+pub(super) struct Settled {
     pub last: Attempt,
     pub after_dot: bool,
 }
 
-pub async fn until_settled(
+pub(super) async fn until_settled(
     server: &Server,
     env: &Envelope,
     message: &[u8],

@@ -25,7 +25,7 @@ const TMP_PREFIX: &str = ".tmp-";
 const STALE_TMP: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, thiserror::Error)]
-pub enum SpoolError {
+pub(super) enum SpoolError {
     #[error("spool {0}: {1}")]
     Io(PathBuf, io::Error),
     #[error("spool entry {0}: not a spool entry ({1})")]
@@ -34,7 +34,7 @@ pub enum SpoolError {
 
 /// What one attempt sends, and as whom.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Envelope {
+pub(super) struct Envelope {
     /// `--user`, empty without AUTH: a key is scoped to the account's
     /// workspace, so only the same account may resend an entry.
     pub user: String,
@@ -44,12 +44,12 @@ pub struct Envelope {
     pub to: Vec<String>,
 }
 
-pub struct Spool {
+pub(super) struct Spool {
     dir: PathBuf,
 }
 
 /// A spooled message this process holds the lock on.
-pub struct Entry {
+pub(super) struct Entry {
     pub path: PathBuf,
     pub envelope: Envelope,
     pub message: Vec<u8>,
@@ -60,7 +60,7 @@ pub struct Entry {
 }
 
 /// `$XDG_STATE_HOME/smtp-once/spool`, else `~/.local/state/smtp-once/spool`.
-pub fn default_dir() -> Option<PathBuf> {
+pub(super) fn default_dir() -> Option<PathBuf> {
     let state = std::env::var_os("XDG_STATE_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
@@ -75,7 +75,7 @@ pub fn default_dir() -> Option<PathBuf> {
 
 impl Spool {
     /// Opens (creating, 0700) the spool folder.
-    pub fn open(dir: &Path) -> Result<Spool, SpoolError> {
+    pub(super) fn open(dir: &Path) -> Result<Spool, SpoolError> {
         let err = |e| SpoolError::Io(dir.to_owned(), e);
         private_fs::create_dir(dir).map_err(err)?;
         private_fs::tighten(dir, private_fs::DIR_MODE).map_err(err)?;
@@ -85,7 +85,7 @@ impl Spool {
     }
 
     /// Opens the folder only if it exists (`--flush` creates nothing).
-    pub fn existing(dir: &Path) -> Result<Option<Spool>, SpoolError> {
+    pub(super) fn existing(dir: &Path) -> Result<Option<Spool>, SpoolError> {
         if dir.is_dir() {
             Self::open(dir).map(Some)
         } else {
@@ -95,7 +95,7 @@ impl Spool {
 
     /// Writes the entry durably and returns it locked: a temporary file,
     /// fsync, lock, rename, fsync of the folder.
-    pub fn add(&self, envelope: Envelope, message: Vec<u8>) -> Result<Entry, SpoolError> {
+    pub(super) fn add(&self, envelope: Envelope, message: Vec<u8>) -> Result<Entry, SpoolError> {
         let id = uuid::Uuid::new_v4().simple();
         let millis = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -131,7 +131,7 @@ impl Spool {
 
     /// Every entry no one else holds, oldest first, locked. Entries that
     /// cannot be read are reported and skipped.
-    pub fn take_all(&self) -> Result<Vec<Result<Entry, SpoolError>>, SpoolError> {
+    pub(super) fn take_all(&self) -> Result<Vec<Result<Entry, SpoolError>>, SpoolError> {
         let mut names: Vec<String> = Vec::new();
         let read = fs::read_dir(&self.dir).map_err(|e| SpoolError::Io(self.dir.clone(), e))?;
         for dirent in read {
@@ -196,7 +196,7 @@ impl Spool {
     }
 
     /// Removes an entry after the server's final word (2xx or 5xx).
-    pub fn remove(&self, entry: Entry) -> Result<(), SpoolError> {
+    pub(super) fn remove(&self, entry: Entry) -> Result<(), SpoolError> {
         fs::remove_file(&entry.path).map_err(|e| SpoolError::Io(entry.path.clone(), e))?;
         self.sync_dir()
         // The lock goes with `entry`, after the name is gone.

@@ -9,7 +9,7 @@ use rustls::{CertificateError, Error as TlsError};
 /// The words for a TLS failure no retry can fix (a certificate that does
 /// not verify, a host that cannot be checked against one), or `None` for
 /// anything else.
-pub fn permanent(e: &mail_send::Error, host: &str) -> Option<String> {
+pub(super) fn permanent(e: &mail_send::Error, host: &str) -> Option<String> {
     match e {
         mail_send::Error::InvalidTLSName => Some(format!(
             "{host:?} is not a name a certificate can be checked against: give --server a DNS name or an IP address"

@@ -22,7 +22,7 @@ pub struct TimeLimits {
 
 /// Which limit ends the next read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Expiry {
+pub(super) enum Expiry {
     /// Nothing arrived for a whole per-read timeout.
     Idle,
     /// Nothing arrived for the short per-read timeout that applies while
@@ -34,7 +34,7 @@ pub enum Expiry {
 
 /// Where the session's budgets started.
 #[derive(Debug)]
-pub struct Budget {
+pub(super) struct Budget {
     limits: TimeLimits,
     command_started: Instant,
     message_started: Option<Instant>,
@@ -42,7 +42,7 @@ pub struct Budget {
 
 /// What the driver knows about the session before a read.
 #[derive(Debug, Clone, Copy)]
-pub struct Progress {
+pub(super) struct Progress {
     /// Replies were written since the last read: a command completed.
     pub replied: bool,
     /// Inside a DATA or BDAT body (the data timeout applies to reads).
@@ -52,7 +52,7 @@ pub struct Progress {
 }
 
 impl Budget {
-    pub fn new(limits: TimeLimits, now: Instant) -> Self {
+    pub(super) fn new(limits: TimeLimits, now: Instant) -> Self {
         Self {
             limits,
             command_started: now,
@@ -62,7 +62,7 @@ impl Budget {
 
     /// The session's state after replies went out and before the next
     /// read: restarts the clocks that a completed command or message ends.
-    pub fn update(&mut self, now: Instant, progress: Progress) {
+    pub(super) fn update(&mut self, now: Instant, progress: Progress) {
         if progress.replied {
             self.command_started = now;
         }
@@ -74,7 +74,7 @@ impl Budget {
     }
 
     /// When the next read must be done by, and which limit that is.
-    pub fn next_deadline(&self, now: Instant, progress: Progress) -> (Instant, Expiry) {
+    pub(super) fn next_deadline(&self, now: Instant, progress: Progress) -> (Instant, Expiry) {
         let l = &self.limits;
         let mut best = if progress.in_data {
             (now + l.data_timeout, Expiry::Idle)

@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 const MAX_RESPONSE_BODY: usize = 64 * 1024;
 
 /// What an endpoint answered, or why it did not.
-pub enum Reply {
+pub(super) enum Reply {
     Status {
         code: u16,
         retry_after: Option<String>,
@@ -31,7 +31,7 @@ pub enum Reply {
     NoAnswer(String),
 }
 
-pub struct EndpointClient {
+pub(super) struct EndpointClient {
     /// `host:port` to connect to.
     authority: String,
     /// The `Host` header.
@@ -47,7 +47,7 @@ pub struct EndpointClient {
 impl EndpointClient {
     /// `url` as validated by the config (`http://` or `https://`, a host,
     /// no user info).
-    pub fn new(
+    pub(super) fn new(
         url: &str,
         ca_file: Option<&std::path::Path>,
         timeout: Duration,
@@ -98,7 +98,7 @@ impl EndpointClient {
 
     /// POSTs `body` with `headers`, the whole exchange (connection, request,
     /// response) within the endpoint's timeout.
-    pub async fn post(&self, headers: &[(&'static str, String)], body: String) -> Reply {
+    pub(super) async fn post(&self, headers: &[(&'static str, String)], body: String) -> Reply {
         match tokio::time::timeout(self.timeout, self.exchange(headers, body)).await {
             Ok(Ok(reply)) => reply,
             Ok(Err(why)) => Reply::NoAnswer(why),

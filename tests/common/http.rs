@@ -7,31 +7,31 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 #[derive(Debug)]
-pub struct Response {
+pub(crate) struct Response {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
 
 impl Response {
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
     }
 
-    pub fn json(&self) -> serde_json::Value {
+    pub(crate) fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
 
-    pub fn is_replay(&self) -> bool {
+    pub(crate) fn is_replay(&self) -> bool {
         self.header("idempotency-replay") == Some("true")
     }
 }
 
-pub struct Request<'a> {
+pub(crate) struct Request<'a> {
     pub method: &'a str,
     pub target: &'a str,
     pub headers: Vec<(&'a str, String)>,
@@ -39,7 +39,7 @@ pub struct Request<'a> {
 }
 
 impl<'a> Request<'a> {
-    pub fn new(method: &'a str, target: &'a str) -> Self {
+    pub(crate) fn new(method: &'a str, target: &'a str) -> Self {
         Self {
             method,
             target,
@@ -48,18 +48,18 @@ impl<'a> Request<'a> {
         }
     }
 
-    pub fn bearer(mut self, token: &str) -> Self {
+    pub(crate) fn bearer(mut self, token: &str) -> Self {
         self.headers
             .push(("Authorization", format!("Bearer {token}")));
         self
     }
 
-    pub fn header(mut self, name: &'a str, value: &str) -> Self {
+    pub(crate) fn header(mut self, name: &'a str, value: &str) -> Self {
         self.headers.push((name, value.to_owned()));
         self
     }
 
-    pub fn body(mut self, content_type: &str, body: &[u8]) -> Self {
+    pub(crate) fn body(mut self, content_type: &str, body: &[u8]) -> Self {
         self.headers.push(("Content-Type", content_type.to_owned()));
         self.body = body.to_vec();
         self
@@ -81,7 +81,7 @@ impl<'a> Request<'a> {
         bytes
     }
 
-    pub async fn send(&self, addr: SocketAddr) -> Response {
+    pub(crate) async fn send(&self, addr: SocketAddr) -> Response {
         let mut stream = TcpStream::connect(addr).await.expect("connect to the API");
         stream.write_all(&self.bytes()).await.expect("send request");
         let mut raw = Vec::new();
@@ -90,7 +90,7 @@ impl<'a> Request<'a> {
     }
 
     /// Over TLS, trusting the dev certificate in `certs/`.
-    pub async fn send_tls(&self, addr: SocketAddr) -> Response {
+    pub(crate) async fn send_tls(&self, addr: SocketAddr) -> Response {
         let tcp = TcpStream::connect(addr).await.expect("connect to the API");
         let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
         let mut stream = super::tls_connector()
@@ -107,7 +107,7 @@ impl<'a> Request<'a> {
     /// Sends the request and returns the open connection without reading
     /// the answer: a client whose response gets lost. (Closing instead would
     /// cancel the request, which is then not processed at all.)
-    pub async fn send_and_hold(&self, addr: SocketAddr) -> TcpStream {
+    pub(crate) async fn send_and_hold(&self, addr: SocketAddr) -> TcpStream {
         let mut stream = TcpStream::connect(addr).await.expect("connect to the API");
         stream.write_all(&self.bytes()).await.expect("send request");
         stream

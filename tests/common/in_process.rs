@@ -17,7 +17,7 @@ use smtp_once::store::{Acceptance, CommitOutcome, NewMessage, Store};
 /// here), the test network trusted into workspace `acme`, and `sections`
 /// (`[idempotency]`, `[relay]`, ...) as given; without a `[relay]`, file
 /// mode into `dir/outbox`.
-pub fn config(dir: &Path, sections: &str) -> Config {
+pub(crate) fn config(dir: &Path, sections: &str) -> Config {
     let relay = if sections.contains("[relay]") {
         String::new()
     } else {
@@ -39,18 +39,18 @@ pub fn config(dir: &Path, sections: &str) -> Config {
 }
 
 /// The node's SQLite store, opened as the daemon opens it.
-pub fn store(config: &Config) -> Arc<SqliteStore> {
+pub(crate) fn store(config: &Config) -> Arc<SqliteStore> {
     Arc::new(SqliteStore::open(&config.data_dir).expect("open store"))
 }
 
 /// A clock at the system's now, moved only by the test.
-pub fn clock() -> Arc<ManualClock> {
+pub(crate) fn clock() -> Arc<ManualClock> {
     Arc::new(ManualClock::starting_now())
 }
 
 /// Queues a message for `to` as accepted at `created_at` (due then), the
 /// way an acceptance writes it.
-pub async fn queue_message(store: &SqliteStore, id: &str, to: &str, created_at: UnixMillis) {
+pub(crate) async fn queue_message(store: &SqliteStore, id: &str, to: &str, created_at: UnixMillis) {
     let outcome = store
         .commit(Acceptance {
             ledger: None,
@@ -74,13 +74,13 @@ pub async fn queue_message(store: &SqliteStore, id: &str, to: &str, created_at: 
 
 /// A queue row as the worker left it.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Row {
+pub(crate) struct Row {
     pub state: String,
     pub attempts: i64,
     pub next_attempt_at: Option<UnixMillis>,
 }
 
-pub fn row(config: &Config, id: &str) -> Row {
+pub(crate) fn row(config: &Config, id: &str) -> Row {
     let db = rusqlite::Connection::open(config.data_dir.join("smtp-once.db")).expect("open db");
     db.busy_timeout(std::time::Duration::from_secs(10))
         .expect("busy timeout");

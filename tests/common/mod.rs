@@ -3,11 +3,11 @@
 //! real TCP and TLS (trusting the dev certificate in `certs/`).
 #![allow(dead_code)]
 
-pub mod http;
-pub mod in_process;
-pub mod pg;
-pub mod tiny;
-pub mod webhook;
+pub(crate) mod http;
+pub(crate) mod in_process;
+pub(crate) mod pg;
+pub(crate) mod tiny;
+pub(crate) mod webhook;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_smtp-once");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_smtp-once");
 
 /// Test accounts: (name, password, workspace, allowed_senders).
-pub const USERS: &[(&str, &str, &str, Option<&str>)] = &[
+pub(crate) const USERS: &[(&str, &str, &str, Option<&str>)] = &[
     ("alice", "alice-pw", "acme", Some("*@example.test")),
     ("bob", "bob-pw", "acme", None),
     ("carol", "carol-pw", "globex", None),
@@ -39,7 +39,7 @@ fn user_hashes() -> &'static Vec<String> {
 }
 
 #[derive(Clone)]
-pub struct Options {
+pub(crate) struct Options {
     pub retention: String,
     pub purge_interval: String,
     pub max_message_size: usize,
@@ -72,7 +72,7 @@ pub struct Options {
 
 /// The store a test daemon runs on.
 #[derive(Clone, Default)]
-pub enum Store {
+pub(crate) enum Store {
     /// SQLite, or PostgreSQL when `SMTP_ONCE_TEST_STORE=postgres`.
     #[default]
     FromEnv,
@@ -106,7 +106,7 @@ impl Default for Options {
     }
 }
 
-pub struct Daemon {
+pub(crate) struct Daemon {
     pub child: Option<Child>,
     pub dir: tempfile::TempDir,
     pub config_path: PathBuf,
@@ -128,12 +128,12 @@ pub struct Daemon {
     pub pg: Option<Arc<pg::TestDb>>,
 }
 
-pub fn repo_path(rel: &str) -> PathBuf {
+pub(crate) fn repo_path(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
 impl Daemon {
-    pub fn start(mut options: Options) -> Daemon {
+    pub(crate) fn start(mut options: Options) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
         if matches!(options.store, Store::FromEnv) && pg::enabled_by_env() {
             options.store = Store::Postgres(Arc::new(pg::TestDb::create()));
@@ -149,7 +149,7 @@ impl Daemon {
 
     /// Runs the binary on `text` as its config file, in `dir`. Listener
     /// addresses in the order of the file are in `addrs`.
-    pub fn with_config(dir: tempfile::TempDir, text: &str) -> Daemon {
+    pub(crate) fn with_config(dir: tempfile::TempDir, text: &str) -> Daemon {
         Self::with_config_args(dir, text, Vec::new(), Vec::new())
     }
 
@@ -189,18 +189,18 @@ impl Daemon {
         }
     }
 
-    pub fn data_dir(&self) -> PathBuf {
+    pub(crate) fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
     }
 
     /// Where the default `[relay]` (file mode) writes messages.
-    pub fn outbox(&self) -> PathBuf {
+    pub(crate) fn outbox(&self) -> PathBuf {
         self.dir.path().join("outbox")
     }
 
     /// Starts the binary on the existing config and data directory and
     /// waits until every listener is bound.
-    pub fn spawn(&mut self) {
+    pub(crate) fn spawn(&mut self) {
         // Fresh ephemeral ports each time: rewrite listener addresses to :0.
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -254,14 +254,14 @@ impl Daemon {
         self.child = Some(child);
     }
 
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
     /// After `kill9`: starts again on the same data directory with
     /// `relay.delivery_test_pause_after_send = "60s"` taken out of its
     /// config, so the repeated attempt runs to its record.
-    pub fn respawn_without_test_pause(&mut self) {
+    pub(crate) fn respawn_without_test_pause(&mut self) {
         let config = std::fs::read_to_string(&self.config_path).expect("config");
         std::fs::write(
             &self.config_path,
@@ -271,7 +271,7 @@ impl Daemon {
         self.spawn();
     }
 
-    pub fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill(); // SIGKILL
             let _ = child.wait();
@@ -279,7 +279,7 @@ impl Daemon {
     }
 
     /// Sends SIGTERM without waiting.
-    pub fn signal_term(&self) {
+    pub(crate) fn signal_term(&self) {
         let child = self.child.as_ref().expect("running daemon");
         let status = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
@@ -289,13 +289,13 @@ impl Daemon {
     }
 
     /// SIGTERM, then wait for a clean exit.
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
+    pub(crate) fn terminate(&mut self) -> std::process::ExitStatus {
         self.signal_term();
         self.wait_exit()
     }
 
     /// Waits (up to 30 s) for the daemon process to exit.
-    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+    pub(crate) fn wait_exit(&mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().expect("running daemon");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -307,13 +307,13 @@ impl Daemon {
         }
     }
 
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill9();
         self.spawn();
     }
 
     /// The SQLite database (a daemon on PostgreSQL has none: see `pg`).
-    pub fn db(&self) -> rusqlite::Connection {
+    pub(crate) fn db(&self) -> rusqlite::Connection {
         assert!(
             self.pg.is_none(),
             "this daemon runs on PostgreSQL ({}): use `pg` or `count`",
@@ -328,7 +328,7 @@ impl Daemon {
 
     /// The one integer of a query such as `SELECT COUNT(*) FROM ...`
     /// (SQL that SQLite and PostgreSQL both read), on this daemon's store.
-    pub fn count(&self, sql: &str) -> i64 {
+    pub(crate) fn count(&self, sql: &str) -> i64 {
         match &self.pg {
             Some(db) => pg::block_on(db.count(sql)),
             None => self
@@ -339,7 +339,7 @@ impl Daemon {
     }
 
     /// Runs SQL (statements separated by `;`) on this daemon's store.
-    pub fn execute(&self, sql: &str) {
+    pub(crate) fn execute(&self, sql: &str) {
         match &self.pg {
             Some(db) => pg::block_on(db.execute(sql)),
             None => self
@@ -349,11 +349,11 @@ impl Daemon {
         }
     }
 
-    pub fn queue_count(&self) -> i64 {
+    pub(crate) fn queue_count(&self) -> i64 {
         self.count("SELECT COUNT(*) FROM queue")
     }
 
-    pub fn queue_ids_for_key(&self, key: &str) -> Vec<String> {
+    pub(crate) fn queue_ids_for_key(&self, key: &str) -> Vec<String> {
         if let Some(db) = &self.pg {
             return pg::block_on(db.queue_ids_for_key(key));
         }
@@ -368,7 +368,7 @@ impl Daemon {
     }
 
     /// Runs the CLI against this daemon's config.
-    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+    pub(crate) fn cli(&self, args: &[&str]) -> std::process::Output {
         Command::new(BIN)
             .args(args)
             .arg("--config")
@@ -385,7 +385,7 @@ impl Drop for Daemon {
 }
 
 /// The HTTP API token of a test account (its hash is in the config).
-pub fn api_token(user: &str) -> String {
+pub(crate) fn api_token(user: &str) -> String {
     format!("so_test_token_of_{user}")
 }
 
@@ -398,7 +398,7 @@ fn api_key_hash(token: &str) -> String {
 }
 
 /// The config file `Daemon::start` writes for `o` in `dir`.
-pub fn config_text(o: &Options, dir: &Path) -> String {
+pub(crate) fn config_text(o: &Options, dir: &Path) -> String {
     let mut users = String::new();
     for ((name, _, workspace, senders), hash) in USERS.iter().zip(user_hashes()) {
         users.push_str(&format!(
@@ -493,7 +493,7 @@ purge_interval = "{purge}"
 
 /// Runs `smtp-once check-config --config PATH`: whether it passed, and
 /// its stdout and stderr together.
-pub fn check_config(path: &Path) -> (bool, String) {
+pub(crate) fn check_config(path: &Path) -> (bool, String) {
     let out = Command::new(BIN)
         .args(["check-config", "--config"])
         .arg(path)
@@ -511,7 +511,7 @@ pub fn check_config(path: &Path) -> (bool, String) {
 /// runtime (so it outlives no test runtime and needs none): every accepted
 /// connection is handed to `on_connection`, whose future runs as a task.
 /// Returns the bound address.
-pub fn spawn_server<A, F, Fut>(bind: A, on_connection: F) -> SocketAddr
+pub(crate) fn spawn_server<A, F, Fut>(bind: A, on_connection: F) -> SocketAddr
 where
     A: std::net::ToSocketAddrs,
     F: Fn(TcpStream) -> Fut + Send + 'static,
@@ -537,7 +537,7 @@ where
 
 /// For the tests' own SMTP servers: the DATA body up to the lone dot,
 /// dot-unstuffed; `None` if the client hung up first.
-pub async fn read_data_body<R: tokio::io::AsyncBufRead + Unpin>(
+pub(crate) async fn read_data_body<R: tokio::io::AsyncBufRead + Unpin>(
     r: &mut R,
 ) -> std::io::Result<Option<Vec<u8>>> {
     use tokio::io::AsyncBufReadExt;
@@ -555,7 +555,7 @@ pub async fn read_data_body<R: tokio::io::AsyncBufRead + Unpin>(
 }
 
 /// Polls `f` every 25 ms until it gives a value; fails the test after `secs`.
-pub async fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
+pub(crate) async fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         if let Some(v) = f() {
@@ -568,30 +568,30 @@ pub async fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<
 
 // ---------------------------------------------------------------- client
 
-pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 #[derive(Debug, Clone)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub code: u16,
     pub lines: Vec<String>,
     pub raw: String,
 }
 
 impl Reply {
-    pub fn last(&self) -> &str {
+    pub(crate) fn last(&self) -> &str {
         self.lines.last().map_or("", String::as_str)
     }
-    pub fn has(&self, needle: &str) -> bool {
+    pub(crate) fn has(&self, needle: &str) -> bool {
         self.raw.contains(needle)
     }
-    pub fn is_replay(&self) -> bool {
+    pub(crate) fn is_replay(&self) -> bool {
         self.lines
             .first()
             .is_some_and(|l| l.contains("Idempotency-Replay: true"))
     }
     /// The queue id from `... queued as ID`.
-    pub fn queue_id(&self) -> Option<String> {
+    pub(crate) fn queue_id(&self) -> Option<String> {
         self.last()
             .split("queued as ")
             .nth(1)
@@ -599,13 +599,13 @@ impl Reply {
     }
 }
 
-pub struct Client {
+pub(crate) struct Client {
     io: Option<Box<dyn Io>>,
     buf: Vec<u8>,
     pub greeting: Reply,
 }
 
-pub fn tls_connector() -> tokio_rustls::TlsConnector {
+pub(crate) fn tls_connector() -> tokio_rustls::TlsConnector {
     let pem = std::fs::read(repo_path("certs/dev-cert.pem")).expect("dev cert");
     let mut roots = rustls::RootCertStore::empty();
     use rustls_pki_types::pem::PemObject;
@@ -631,12 +631,12 @@ async fn tls_wrap(tcp: Box<dyn Io>) -> Box<dyn Io> {
 }
 
 impl Client {
-    pub async fn connect(addr: SocketAddr) -> Client {
+    pub(crate) async fn connect(addr: SocketAddr) -> Client {
         let tcp = TcpStream::connect(addr).await.expect("connect");
         Self::over(Box::new(tcp)).await
     }
 
-    pub async fn connect_implicit_tls(addr: SocketAddr) -> Client {
+    pub(crate) async fn connect_implicit_tls(addr: SocketAddr) -> Client {
         let tcp = TcpStream::connect(addr).await.expect("connect");
         Self::over(tls_wrap(Box::new(tcp)).await).await
     }
@@ -660,14 +660,14 @@ impl Client {
         self.io.as_mut().expect("connection open")
     }
 
-    pub async fn send(&mut self, bytes: &[u8]) {
+    pub(crate) async fn send(&mut self, bytes: &[u8]) {
         let io = self.io();
         io.write_all(bytes).await.expect("write");
         io.flush().await.expect("flush");
     }
 
     /// Like `send`, but reports a dropped connection instead of panicking.
-    pub async fn send_checked(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+    pub(crate) async fn send_checked(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         let io = self
             .io
             .as_mut()
@@ -677,11 +677,11 @@ impl Client {
     }
 
     /// Reads one complete (possibly multi-line) reply.
-    pub async fn read_reply(&mut self) -> Reply {
+    pub(crate) async fn read_reply(&mut self) -> Reply {
         self.try_read_reply().await.expect("reply before EOF")
     }
 
-    pub async fn try_read_reply(&mut self) -> Option<Reply> {
+    pub(crate) async fn try_read_reply(&mut self) -> Option<Reply> {
         let mut lines = Vec::new();
         let mut raw = String::new();
         loop {
@@ -712,18 +712,18 @@ impl Client {
         }
     }
 
-    pub async fn cmd(&mut self, line: &str) -> Reply {
+    pub(crate) async fn cmd(&mut self, line: &str) -> Reply {
         self.send(format!("{line}\r\n").as_bytes()).await;
         self.read_reply().await
     }
 
-    pub async fn ehlo(&mut self) -> Reply {
+    pub(crate) async fn ehlo(&mut self) -> Reply {
         let r = self.cmd("EHLO client.test").await;
         assert_eq!(r.code, 250, "{r:?}");
         r
     }
 
-    pub async fn starttls(&mut self) {
+    pub(crate) async fn starttls(&mut self) {
         let r = self.cmd("STARTTLS").await;
         assert_eq!(r.code, 220, "{r:?}");
         let io = self.io.take().expect("io");
@@ -731,7 +731,7 @@ impl Client {
         self.buf.clear();
     }
 
-    pub async fn auth_plain(&mut self, user: &str, password: &str) -> Reply {
+    pub(crate) async fn auth_plain(&mut self, user: &str, password: &str) -> Reply {
         use base64::Engine;
         let token =
             base64::engine::general_purpose::STANDARD.encode(format!("\0{user}\0{password}"));
@@ -739,7 +739,7 @@ impl Client {
     }
 
     /// EHLO + AUTH PLAIN on a plaintext connection (allow_plaintext).
-    pub async fn login(addr: SocketAddr, user: &str) -> Client {
+    pub(crate) async fn login(addr: SocketAddr, user: &str) -> Client {
         let mut c = Client::connect(addr).await;
         c.ehlo().await;
         let pw = USERS.iter().find(|u| u.0 == user).expect("known user").1;
@@ -749,7 +749,7 @@ impl Client {
     }
 
     /// MAIL, RCPT..., DATA, the dot-stuffed message, and the final reply.
-    pub async fn submit(&mut self, from: &str, rcpts: &[&str], message: &[u8]) -> Reply {
+    pub(crate) async fn submit(&mut self, from: &str, rcpts: &[&str], message: &[u8]) -> Reply {
         let r = self.cmd(&format!("MAIL FROM:<{from}>")).await;
         if r.code != 250 {
             return r;
@@ -766,7 +766,7 @@ impl Client {
 
     /// Sends everything up to and including the final dot, then drops the
     /// connection without reading the reply (the lost-reply case).
-    pub async fn submit_and_vanish(mut self, from: &str, rcpts: &[&str], message: &[u8]) {
+    pub(crate) async fn submit_and_vanish(mut self, from: &str, rcpts: &[&str], message: &[u8]) {
         let mut batch = format!("MAIL FROM:<{from}>\r\n");
         for rcpt in rcpts {
             batch.push_str(&format!("RCPT TO:<{rcpt}>\r\n"));
@@ -780,13 +780,13 @@ impl Client {
         drop(self.io.take());
     }
 
-    pub async fn quit(mut self) {
+    pub(crate) async fn quit(mut self) {
         self.send(b"QUIT\r\n").await;
         let _ = self.try_read_reply().await;
     }
 
     /// True once the server has closed the connection.
-    pub async fn is_closed(&mut self) -> bool {
+    pub(crate) async fn is_closed(&mut self) -> bool {
         let mut b = [0u8; 64];
         matches!(
             tokio::time::timeout(Duration::from_secs(10), self.io().read(&mut b)).await,
@@ -796,7 +796,7 @@ impl Client {
 }
 
 /// Dot-stuffs a CRLF message and appends the terminating `.`.
-pub fn dot_stuff(message: &[u8]) -> Vec<u8> {
+pub(crate) fn dot_stuff(message: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(message.len() + 8);
     let mut at_line_start = true;
     for &b in message {
@@ -814,7 +814,7 @@ pub fn dot_stuff(message: &[u8]) -> Vec<u8> {
 }
 
 /// A small RFC 5322 message from alice@example.test.
-pub fn message(key: Option<&str>, body: &str) -> Vec<u8> {
+pub(crate) fn message(key: Option<&str>, body: &str) -> Vec<u8> {
     let mut m = String::from(
         "From: Alice <alice@example.test>\r\nTo: dest@example.net\r\nSubject: test\r\nMessage-ID: <fixed@example.test>\r\n",
     );

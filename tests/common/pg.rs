@@ -13,19 +13,19 @@ use std::time::{Duration, Instant};
 use tokio_postgres::NoTls;
 
 /// The server, without a database.
-pub const SERVER: &str = "postgres://postgres@127.0.0.1:5432";
+pub(crate) const SERVER: &str = "postgres://postgres@127.0.0.1:5432";
 /// `SMTP_ONCE_TEST_STORE=postgres` runs every `Daemon::start` on a fresh
 /// PostgreSQL database instead of SQLite.
-pub const ENV: &str = "SMTP_ONCE_TEST_STORE";
+pub(crate) const ENV: &str = "SMTP_ONCE_TEST_STORE";
 
-pub fn enabled_by_env() -> bool {
+pub(crate) fn enabled_by_env() -> bool {
     std::env::var(ENV).is_ok_and(|v| v.eq_ignore_ascii_case("postgres"))
 }
 
 /// Runs `fut` to completion on a thread of its own with its own runtime, so
 /// that sync code (the harness's `queue_count`, `Drop`) can use the async
 /// client from inside a test's runtime.
-pub fn block_on<F>(fut: F) -> F::Output
+pub(crate) fn block_on<F>(fut: F) -> F::Output
 where
     F: Future + Send,
     F::Output: Send,
@@ -44,7 +44,9 @@ where
 }
 
 /// A connection, its driver spawned on the current runtime.
-pub async fn try_connect(url: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+pub(crate) async fn try_connect(
+    url: &str,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
     let mut config: tokio_postgres::Config = url.parse()?;
     config.connect_timeout(Duration::from_secs(5));
     let (client, connection) = config.connect(NoTls).await?;
@@ -54,7 +56,7 @@ pub async fn try_connect(url: &str) -> Result<tokio_postgres::Client, tokio_post
     Ok(client)
 }
 
-pub async fn connect(url: &str) -> tokio_postgres::Client {
+pub(crate) async fn connect(url: &str) -> tokio_postgres::Client {
     try_connect(url)
         .await
         .unwrap_or_else(|e| panic!("PostgreSQL at {url}: {e} (is the server running?)"))
@@ -62,13 +64,13 @@ pub async fn connect(url: &str) -> tokio_postgres::Client {
 
 /// A database of its own for one test (`smtp_once_t_<pid>_<n>`), dropped
 /// (with any connection left to it) when the last handle goes.
-pub struct TestDb {
+pub(crate) struct TestDb {
     pub name: String,
     pub url: String,
 }
 
 impl TestDb {
-    pub fn create() -> TestDb {
+    pub(crate) fn create() -> TestDb {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let name = format!(
             "smtp_once_t_{}_{}",
@@ -92,18 +94,18 @@ impl TestDb {
     }
 
     /// The `[store]` section for a daemon on this database.
-    pub fn store_section(&self) -> String {
+    pub(crate) fn store_section(&self) -> String {
         format!(
             "[store]\nbackend = \"postgres\"\nurl = \"{}\"\npool_size = 8\n",
             self.url
         )
     }
 
-    pub async fn client(&self) -> tokio_postgres::Client {
+    pub(crate) async fn client(&self) -> tokio_postgres::Client {
         connect(&self.url).await
     }
 
-    pub async fn execute(&self, sql: &str) {
+    pub(crate) async fn execute(&self, sql: &str) {
         self.client()
             .await
             .batch_execute(sql)
@@ -112,7 +114,7 @@ impl TestDb {
     }
 
     /// The one `bigint` of a query such as `SELECT COUNT(*) FROM ...`.
-    pub async fn count(&self, sql: &str) -> i64 {
+    pub(crate) async fn count(&self, sql: &str) -> i64 {
         let row = self
             .client()
             .await
@@ -122,11 +124,11 @@ impl TestDb {
         row.get(0)
     }
 
-    pub async fn queue_count(&self) -> i64 {
+    pub(crate) async fn queue_count(&self) -> i64 {
         self.count("SELECT COUNT(*) FROM queue").await
     }
 
-    pub async fn queue_ids_for_key(&self, key: &str) -> Vec<String> {
+    pub(crate) async fn queue_ids_for_key(&self, key: &str) -> Vec<String> {
         self.client()
             .await
             .query(
@@ -141,7 +143,7 @@ impl TestDb {
     }
 
     /// Keys in the queue, with the number of rows each.
-    pub async fn rows_per_key(&self) -> HashMap<String, i64> {
+    pub(crate) async fn rows_per_key(&self) -> HashMap<String, i64> {
         self.client()
             .await
             .query(
@@ -156,7 +158,7 @@ impl TestDb {
     }
 
     /// key -> state (one row per key assumed; see `rows_per_key`).
-    pub async fn states(&self) -> HashMap<String, String> {
+    pub(crate) async fn states(&self) -> HashMap<String, String> {
         self.client()
             .await
             .query(
@@ -172,7 +174,7 @@ impl TestDb {
 
     /// Terminates every other connection to this database; returns how
     /// many were terminated.
-    pub async fn terminate_backends(&self) -> usize {
+    pub(crate) async fn terminate_backends(&self) -> usize {
         let sql = format!(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
              WHERE datname = '{}' AND pid <> pg_backend_pid()",
@@ -239,7 +241,7 @@ impl Drop for TestDb {
 
 /// `wait_until` for async conditions: polls `f` every 50 ms until it gives
 /// a value; fails the test after `secs`.
-pub async fn wait_for<T, F, Fut>(what: &str, secs: u64, mut f: F) -> T
+pub(crate) async fn wait_for<T, F, Fut>(what: &str, secs: u64, mut f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,

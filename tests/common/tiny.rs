@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 #[derive(Debug, Clone)]
-pub struct Txn {
+pub(crate) struct Txn {
     pub from: String,
     pub rcpts: Vec<String>,
     pub data: Vec<u8>,
@@ -20,14 +20,14 @@ pub struct Txn {
 }
 
 /// The reply to `RCPT TO:<rcpt>` the `nth` time this recipient is seen.
-pub type Rule = Arc<dyn Fn(&str, usize) -> String + Send + Sync>;
+pub(crate) type Rule = Arc<dyn Fn(&str, usize) -> String + Send + Sync>;
 
 /// The reply to the end of the `nth` DATA (from 1), across connections.
-pub type DataRule = Arc<dyn Fn(usize) -> String + Send + Sync>;
+pub(crate) type DataRule = Arc<dyn Fn(usize) -> String + Send + Sync>;
 
 /// A minimal SMTP server on its own thread and runtime (so blocking test
 /// code never stalls it), recording every transaction whose data it read.
-pub struct Tiny {
+pub(crate) struct Tiny {
     pub addr: SocketAddr,
     txns: Arc<Mutex<Vec<Txn>>>,
     pub data_started: Arc<AtomicUsize>,
@@ -35,7 +35,7 @@ pub struct Tiny {
 
 impl Tiny {
     /// Every message's data is answered `250`.
-    pub fn start(bind: SocketAddr, rule: Rule, data_delay: Duration) -> Tiny {
+    pub(crate) fn start(bind: SocketAddr, rule: Rule, data_delay: Duration) -> Tiny {
         Self::start_with(
             bind,
             rule,
@@ -44,7 +44,7 @@ impl Tiny {
         )
     }
 
-    pub fn start_with(
+    pub(crate) fn start_with(
         bind: SocketAddr,
         rule: Rule,
         data_rule: DataRule,
@@ -74,12 +74,12 @@ impl Tiny {
         }
     }
 
-    pub fn txns(&self) -> Vec<Txn> {
+    pub(crate) fn txns(&self) -> Vec<Txn> {
         self.txns.lock().expect("lock").clone()
     }
 }
 
-pub fn accept_all() -> Rule {
+pub(crate) fn accept_all() -> Rule {
     Arc::new(|_, _| "250 2.1.5 Ok".to_string())
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 
 /// A valid endpoint secret: `whsec_` + base64 of 32 bytes of `byte`.
-pub fn secret(byte: u8) -> String {
+pub(crate) fn secret(byte: u8) -> String {
     format!(
         "whsec_{}",
         base64::engine::general_purpose::STANDARD.encode([byte; 32])
@@ -20,19 +20,19 @@ pub fn secret(byte: u8) -> String {
 }
 
 /// A `[[webhook]]` section named `name` for `url`; `extra` lines go inside.
-pub fn endpoint_toml(name: &str, url: &str, secret: &str, extra: &str) -> String {
+pub(crate) fn endpoint_toml(name: &str, url: &str, secret: &str, extra: &str) -> String {
     format!("\n[[webhook]]\nname = \"{name}\"\nurl = \"{url}\"\nsecret = \"{secret}\"\n{extra}\n")
 }
 
 /// A loopback port that nothing listens on (bound, then released).
-pub fn closed_port() -> u16 {
+pub(crate) fn closed_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
 }
 
 /// One stored job (an event the receiver processed).
 #[derive(Debug, Clone)]
-pub struct Job {
+pub(crate) struct Job {
     pub webhook_id: String,
     pub event_type: String,
     pub queue_id: Option<String>,
@@ -40,7 +40,7 @@ pub struct Job {
 }
 
 /// A running `examples/webhook_receiver.py`; killed on drop.
-pub struct Receiver {
+pub(crate) struct Receiver {
     child: Option<Child>,
     pub addr: SocketAddr,
     pub db: PathBuf,
@@ -53,7 +53,7 @@ impl Receiver {
     /// port `port` (0: any), and extra flags (the test knobs); waits for
     /// its `listening on` line. Fails the test if python3 or the
     /// `standardwebhooks` package is missing.
-    pub fn start(secret: &str, db: &Path, port: u16, flags: &[&str]) -> Receiver {
+    pub(crate) fn start(secret: &str, db: &Path, port: u16, flags: &[&str]) -> Receiver {
         let stderr = db.with_extension(format!("{port}.stderr"));
         let log = std::fs::File::create(&stderr).expect("receiver stderr");
         let mut child = Command::new("python3")
@@ -88,13 +88,13 @@ impl Receiver {
         r
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}/hooks", self.addr)
     }
 
     /// The next stdout line starting with `prefix` (earlier lines are
     /// skipped); fails the test after `secs`.
-    pub fn wait_line(&mut self, prefix: &str, secs: u64) -> String {
+    pub(crate) fn wait_line(&mut self, prefix: &str, secs: u64) -> String {
         let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -109,7 +109,7 @@ impl Receiver {
         }
     }
 
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -129,22 +129,22 @@ impl Receiver {
     }
 
     /// Requests received (every attempt, whatever the answer).
-    pub fn receipts(&self) -> i64 {
+    pub(crate) fn receipts(&self) -> i64 {
         self.count("SELECT COUNT(*) FROM receipt", [])
     }
 
     /// Requests received carrying this webhook-id.
-    pub fn receipts_for(&self, id: &str) -> i64 {
+    pub(crate) fn receipts_for(&self, id: &str) -> i64 {
         self.count("SELECT COUNT(*) FROM receipt WHERE webhook_id = ?1", [id])
     }
 
     /// Requests answered with `status`.
-    pub fn receipts_with(&self, status: u16) -> i64 {
+    pub(crate) fn receipts_with(&self, status: u16) -> i64 {
         self.count("SELECT COUNT(*) FROM receipt WHERE status = ?1", [status])
     }
 
     /// Jobs stored, oldest first.
-    pub fn jobs(&self) -> Vec<Job> {
+    pub(crate) fn jobs(&self) -> Vec<Job> {
         let c = self.conn();
         let mut stmt = c
             .prepare("SELECT webhook_id, event_type, queue_id, payload FROM job ORDER BY id")
@@ -164,7 +164,7 @@ impl Receiver {
     }
 
     /// The receiver's state of (queue id, recipient): the newest event type.
-    pub fn state(&self, queue_id: &str, recipient: &str) -> Option<String> {
+    pub(crate) fn state(&self, queue_id: &str, recipient: &str) -> Option<String> {
         self.conn()
             .query_row(
                 "SELECT state FROM message_state WHERE queue_id = ?1 AND recipient = ?2",

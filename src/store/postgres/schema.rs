@@ -102,7 +102,7 @@ const MIGRATION_LOCK: i64 = 0x736d_7470_6f6e_6365; // "smtponce"
 /// Brings the schema up to this binary's version, one node at a time.
 /// Refuses a schema newer than the binary: an older node must not write
 /// into tables it does not know.
-pub async fn migrate(client: &mut Client) -> Result<u32, StoreError> {
+pub(super) async fn migrate(client: &mut Client) -> Result<u32, StoreError> {
     let fail = |what: &str, e: tokio_postgres::Error| {
         StoreError::Unavailable(format!("cannot {what}: {}", super::describe(&e)))
     };

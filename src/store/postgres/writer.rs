@@ -11,7 +11,7 @@ use super::{EVENTS_CHANNEL, QUEUED_CHANNEL, classify, describe, unreachable};
 use crate::store::batch::{self, Answer, Answers, Pending, Reply, Wakers, WriteBatch};
 use crate::store::{BoxFuture, StoreError};
 
-pub type PgResult<T> = Result<T, tokio_postgres::Error>;
+pub(super) type PgResult<T> = Result<T, tokio_postgres::Error>;
 
 /// One write (see `batch::Job`), a closure over the connection.
 pub(crate) type Job = batch::Job<dyn Work>;

@@ -25,13 +25,13 @@ const INTERVAL: Duration = Duration::from_millis(250);
 /// restart from its beginning instead of growing under steady load.
 const WAL_RESTART_BYTES: u64 = 128 * 1024 * 1024;
 
-pub struct Checkpointer {
+pub(super) struct Checkpointer {
     stop: mpsc::Sender<()>,
     handle: JoinHandle<()>,
 }
 
 impl Checkpointer {
-    pub fn spawn(db_path: PathBuf) -> std::io::Result<Self> {
+    pub(super) fn spawn(db_path: PathBuf) -> std::io::Result<Self> {
         let (stop, stopped) = mpsc::channel::<()>();
         let handle = std::thread::Builder::new()
             .name("ledger-checkpoint".into())
@@ -39,7 +39,7 @@ impl Checkpointer {
         Ok(Self { stop, handle })
     }
 
-    pub fn stop(self) {
+    pub(super) fn stop(self) {
         drop(self.stop);
         let _ = self.handle.join();
     }

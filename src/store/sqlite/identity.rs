@@ -57,12 +57,12 @@ impl FileIdentity {
 
 /// The files that make a data directory ours: the database and the lock.
 #[derive(Debug, Clone)]
-pub struct DataDirIdentity {
+pub(super) struct DataDirIdentity {
     pub files: Vec<FileIdentity>,
 }
 
 impl DataDirIdentity {
-    pub fn check(&self) -> Result<(), String> {
+    pub(super) fn check(&self) -> Result<(), String> {
         self.files.iter().try_for_each(FileIdentity::check)
     }
 }

@@ -88,7 +88,7 @@ const MIGRATIONS: &[&str] = &[
      );",
 ];
 
-pub fn migrate(conn: &mut Connection) -> rusqlite::Result<u32> {
+pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<u32> {
     conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")?;
     let current: u32 = conn
         .query_row("SELECT MAX(version) FROM schema_version", [], |r| {
