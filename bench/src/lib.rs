@@ -1,7 +1,7 @@
 //! `smtp-once-bench` (also run as `smtp-once bench`): a cheap SMTP load
 //! generator for the relay. A package of its own: it uses the relay's
 //! library only for its ground floor (`smtp_client`'s transaction and
-//! commands, `tls::encrypt_only_config`, `trace::rfc5322_date`), and the
+//! commands, `tls::encrypt_only_config`, `time::rfc5322_date`), and the
 //! library carries no bench code.
 //!
 //! It shares the 2-core machine with the server, so the client does as
