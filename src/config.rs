@@ -28,6 +28,7 @@ mod limits;
 mod listener;
 mod metrics;
 mod parse;
+mod problems;
 mod relay;
 mod server;
 mod store;
@@ -47,8 +48,8 @@ pub use store::{PostgresSettings, RawStore, StoreBackend};
 pub use users::{RawTrustedNetwork, RawUser, TrustedNetwork, User};
 pub use webhook::{RawWebhook, WebhookEndpoint, redacted_url};
 
-use check::Problems;
 use parse::{drop_repeats, parse_raw};
+use problems::Problems;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

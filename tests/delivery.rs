@@ -104,7 +104,7 @@ async fn submit(d: &Daemon, user: &str, from: &str, rcpts: &[&str], msg: &[u8]) 
 }
 
 fn key_of(data: &[u8]) -> Option<String> {
-    smtp_once::idempotency::key::extract_key(data).expect("valid key")
+    smtp_once::message::key_header::extract_key(data).expect("valid key")
 }
 
 // ------------------------------------------------------------------ tests

@@ -117,7 +117,7 @@ async fn serve(
                     return Ok(());
                 };
                 dots += 1;
-                let key = smtp_once::idempotency::key::extract_key(&data)
+                let key = smtp_once::message::key_header::extract_key(&data)
                     .expect("valid key")
                     .unwrap_or_default();
                 let vanish = {

@@ -8,7 +8,7 @@
 //! replayed on the other: their fingerprints differ (see `KeySource`).
 
 use crate::content_check::ContentFault;
-use crate::idempotency::key::IdempotencyKeyError;
+use crate::message::key_header::IdempotencyKeyError;
 use crate::message::mime_limits::MimeLimitError;
 use crate::store::LedgerEntry;
 

@@ -4,10 +4,10 @@
 //! on an async worker.
 
 use crate::idempotency::fingerprint::{Fingerprint, fingerprint_checked, keyed_fingerprint};
-use crate::idempotency::key::{IdempotencyKeyError, KeyHeaders};
 use crate::idempotency::request::{request_fingerprint, request_key};
 use crate::idempotency::transit::TransitHeaders;
 use crate::idempotency::volatile::VolatileHeaders;
+use crate::message::key_header::{IdempotencyKeyError, KeyHeaders};
 use crate::message::mime_limits::{self, MimeLimitError, MimeLimits};
 use crate::submission::Submission;
 

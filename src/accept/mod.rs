@@ -31,10 +31,10 @@ use crate::dkim::Signers;
 use crate::idempotency::claims::Claims;
 use crate::idempotency::decision::{Decision, decide};
 use crate::idempotency::fingerprint::Fingerprint;
-use crate::idempotency::key::KeyHeaders;
 use crate::idempotency::key_hash;
 use crate::idempotency::transit::TransitHeaders;
 use crate::idempotency::volatile::VolatileHeaders;
+use crate::message::key_header::KeyHeaders;
 use crate::message::mime_limits::MimeLimits;
 use crate::metrics::{self, Outcome};
 use crate::store::{

@@ -203,7 +203,7 @@ pub fn acceptor(
             .with_trace(crate::accept::TraceOptions {
                 auth: config.received_auth_header,
             })
-            .with_key_headers(crate::idempotency::key::KeyHeaders::new(
+            .with_key_headers(crate::message::key_header::KeyHeaders::new(
                 config.key_headers.iter().cloned(),
             ))
     })

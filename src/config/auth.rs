@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use super::check::Problems;
+use super::problems::Problems;
 use crate::auth::{AuthSettings, ThrottleSettings};
 
 /// Every key is optional: the defaults are `RawAuth::default()`.

@@ -1,41 +1,13 @@
 //! Every problem of a config file, by key, and the order the sections are
 //! checked in (which is the order `check-config` lists their problems).
 
-use std::fmt::Display;
 use std::path::Path;
-use std::time::Duration;
 
+use super::problems::Problems;
 use super::{
-    Config, RawConfig, auth, dkim, http, idempotency, limits, listener, metrics, parse_duration,
-    relay, server, store, users, webhook,
+    Config, RawConfig, auth, dkim, http, idempotency, limits, listener, metrics, relay, server,
+    store, users, webhook,
 };
-
-/// The problems found so far, each as `key: message`.
-#[derive(Default)]
-pub(super) struct Problems(pub(super) Vec<String>);
-
-impl Problems {
-    pub(super) fn add(&mut self, key: impl Display, message: impl Display) {
-        self.0.push(format!("{key}: {message}"));
-    }
-
-    /// Counts that size a semaphore, which panics above its maximum.
-    pub(super) fn at_most_permits(&mut self, key: &str, n: usize) {
-        let max = tokio::sync::Semaphore::MAX_PERMITS;
-        if n > max {
-            self.add(key, format!("must be at most {max}"));
-        }
-    }
-
-    /// The duration `value` says; zero after a problem (so later checks
-    /// run on a value that cannot overflow).
-    pub(super) fn duration(&mut self, key: &str, value: &str) -> Duration {
-        parse_duration(value).unwrap_or_else(|e| {
-            self.add(key, e);
-            Duration::ZERO
-        })
-    }
-}
 
 /// Checks every section of `raw` and builds the `Config` from what each
 /// one gives back. Paths are resolved against `base`, the file's folder.

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::check::Problems;
+use super::problems::Problems;
 use super::resolve;
 use super::users::check_label;
 use crate::dkim::{self, DomainSigner};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::check::Problems;
+use super::problems::Problems;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::check::Problems;
+use super::problems::Problems;
 
 /// Every key is optional: the defaults are `RawIdempotency::default()`.
 #[derive(Debug, Deserialize)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::check::Problems;
+use super::problems::Problems;
 
 /// Deepest `limits.max_mime_depth` allowed: the parse threads' stacks are
 /// sized with room to spare for this.

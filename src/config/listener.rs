@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::check::Problems;
+use super::problems::Problems;
 use super::resolve;
 
 #[derive(Debug, Deserialize)]

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
-use super::check::Problems;
+use super::problems::Problems;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -5,7 +5,7 @@
 use serde_path_to_error::Segment;
 
 use super::RawConfig;
-use super::check::Problems;
+use super::problems::Problems;
 
 /// More passes than this and the file is not worth listing further.
 const MAX_STRUCTURAL_PROBLEMS: usize = 100;

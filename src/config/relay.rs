@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::check::Problems;
 use super::listener::{SmtpTls, parse_tls_mode};
+use super::problems::Problems;
 use super::resolve;
 
 /// Every key is optional: the defaults are `RawRelay::default()`.

@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use serde::Deserialize;
 
-use super::check::Problems;
+use super::problems::Problems;
 use super::resolve;
 
 /// Every key is optional: the defaults are `RawStore::default()`.

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use serde::Deserialize;
 
-use super::check::Problems;
+use super::problems::Problems;
 use crate::auth::{Cidr, SenderPattern};
 
 #[derive(Debug, Deserialize)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use base64::Engine;
 use serde::Deserialize;
 
-use super::check::Problems;
+use super::problems::Problems;
 use super::{parse_duration, resolve};
 use crate::event_type::EventType;
 

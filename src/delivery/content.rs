@@ -30,8 +30,8 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::idempotency::key::{HEADER_NAME, KeyHeaders, MAX_KEY_CHARS, extract_key};
 use crate::message::headers::field_spans;
+use crate::message::key_header::{HEADER_NAME, KeyHeaders, MAX_KEY_CHARS, extract_key};
 
 /// The key for a transaction to `subset` of the message's `all` recipients.
 pub fn hop_key(
@@ -136,7 +136,7 @@ fn subset_hash(subset: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::idempotency::key::extract_key;
+    use crate::message::key_header::extract_key;
 
     fn v(items: &[&str]) -> Vec<String> {
         items.iter().map(|s| s.to_string()).collect()

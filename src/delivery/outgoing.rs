@@ -3,7 +3,7 @@
 //! `transport.rs` share it without depending on each other.
 
 use super::content;
-use crate::idempotency::key::KeyHeaders;
+use crate::message::key_header::KeyHeaders;
 
 /// A queued message, as loaded for delivery.
 #[derive(Debug, Clone)]

@@ -23,7 +23,7 @@ use super::transport::Transport;
 use super::{DeliveryError, RcptResult, Status};
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::idempotency::key::KeyHeaders;
+use crate::message::key_header::KeyHeaders;
 use crate::store::{
     AttemptOutcome, DeliveryQueue, MessageState, NewMessage, StoreError, UnixMillis, queue_id,
 };

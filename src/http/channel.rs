@@ -8,7 +8,7 @@ use serde_json::json;
 use crate::accept::channel::ChannelWording;
 use crate::accept::from_header::SenderRefusal;
 use crate::content_check::ContentFault;
-use crate::idempotency::key::IdempotencyKeyError;
+use crate::message::key_header::IdempotencyKeyError;
 use crate::message::mime_limits::MimeLimitError;
 use crate::store::LedgerEntry;
 

@@ -5,7 +5,6 @@
 pub mod claims;
 pub mod decision;
 pub mod fingerprint;
-pub mod key;
 pub mod request;
 pub mod transit;
 pub mod volatile;

@@ -7,7 +7,7 @@
 use sha2::{Digest, Sha256};
 
 use super::fingerprint::Fingerprint;
-use super::key::{IdempotencyKeyError, MAX_KEY_CHARS};
+use crate::message::key_header::{IdempotencyKeyError, MAX_KEY_CHARS};
 
 /// The key of `Idempotency-Key: <raw>`: `None` when absent or blank, an
 /// error when over [`MAX_KEY_CHARS`] characters.
