@@ -1,6 +1,27 @@
 //! smtp-once: an SMTP submission relay with exactly-once acceptance.
 //!
-//! See `ARCHITECTURE.md` for the modules and the path of one message.
+//! The layout, from the top down (an arrow only ever points down a floor;
+//! `ARCHITECTURE.md` has every file and the path of one message):
+//!
+//! - [`cli`]: the commands; `cli::serve` is the composition root that builds
+//!   a node from its config and runs it.
+//! - Fronts: [`server`] (SMTP connections over [`smtp`], the sans-I/O
+//!   session), [`http`] (the JSON API), [`metrics_http`]; every listener
+//!   admitted by [`front_door`] with [`auth`] and [`budget`].
+//! - Acceptance: [`accept`] (one pipeline for every front: key, fingerprint,
+//!   claim, decision, one commit) on [`idempotency`] (the decision, claims and
+//!   fingerprints, apart from storage) and [`dkim`].
+//! - Delivery: [`delivery`] (the worker relaying the queue onward over
+//!   [`smtp_client`]) and [`webhook`] (events from the outbox); neither
+//!   knows the inbound side.
+//! - Storage: [`store`], small traits with `sqlite` and `postgres` side by
+//!   side; it knows no SMTP, HTTP or delivery type.
+//! - [`config`]: the TOML, checked whole; it knows no listener or transport.
+//! - Ground floor, imported by all and importing none of the above:
+//!   [`address`], [`message`], [`submission`], [`content_check`],
+//!   [`event_type`], [`time`], [`clock`], [`tls`], [`net`], [`metrics`],
+//!   [`private_fs`], [`fd_limit`], [`terminal`].
+//! - [`send`]: `smtp-once send`, a client that uses only the ground floor.
 
 pub mod accept;
 pub mod address;
