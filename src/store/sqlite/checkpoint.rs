@@ -23,7 +23,7 @@ use super::open_connection;
 const INTERVAL: Duration = Duration::from_millis(250);
 /// Past this WAL size, wait for a moment without writers so the WAL can
 /// restart from its beginning instead of growing under steady load.
-const WAL_RESTART_BYTES: u64 = 128 * 1024 * 1024;
+pub(super) const WAL_RESTART_BYTES: u64 = 128 * 1024 * 1024;
 
 pub(super) struct Checkpointer {
     stop: mpsc::Sender<()>,

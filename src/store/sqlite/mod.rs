@@ -213,8 +213,12 @@ fn companion(db_path: &Path, suffix: &str) -> PathBuf {
 
 const STATEMENT_CACHE: usize = 128;
 
-/// `journal_size_limit`: the WAL file's size kept after a reset (64 MiB).
-const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
+/// `journal_size_limit`: the WAL file's size kept after a reset. The
+/// checkpoint thread restarts the WAL once it passes `WAL_RESTART_BYTES`,
+/// so a smaller limit would only make every restart under steady load
+/// shrink the file and grow it again; this one cuts back what a burst
+/// left beyond it.
+const WAL_SIZE_LIMIT: i64 = checkpoint::WAL_RESTART_BYTES as i64;
 
 fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection> {
     let flags = if read_only {
