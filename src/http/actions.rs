@@ -142,7 +142,13 @@ async fn act(
                 id: id.clone(),
                 workspace: caller.scope().map(str::to_owned),
                 actor: format!("api:{}", caller.submitter.name()),
-                recorder: Some(recorder(slot, api.webhooks.clone(), &caller)),
+                recorder: Some(recorder(
+                    slot,
+                    api.webhooks.clone(),
+                    &caller,
+                    id.clone(),
+                    action,
+                )),
             };
             let admin = api.admin.clone();
             let caller = caller.clone();
@@ -174,42 +180,24 @@ async fn act(
 
 /// What the change writes with itself: its answer under the key (when
 /// it is one to store) and its event (when it changed something).
-fn recorder(slot: Option<LedgerSlot>, webhooks: Webhooks, caller: &Caller) -> Recorder {
+fn recorder(
+    slot: Option<LedgerSlot>,
+    webhooks: Webhooks,
+    caller: &Caller,
+    id: String,
+    action: AdminAction,
+) -> Recorder {
     let actor = format!("api:{}", caller.submitter.name());
     Box::new(move |outcome: &Result<Done, AdminError>| {
-        let id = match outcome {
-            Ok(done) => done.id.clone(),
-            Err(e) => refused_id(e),
-        };
         let ledger = slot
             .filter(|_| stored(outcome))
-            .map(|slot| slot.entry(answer(&id, action_of(outcome), outcome), Some(id.clone())));
+            .map(|slot| slot.entry(answer(&id, action, outcome), Some(id.clone())));
         let events = match outcome {
             Ok(done) => webhooks.acted(done, &actor),
             Err(_) => Vec::new(),
         };
         Record { ledger, events }
     })
-}
-
-fn refused_id(e: &AdminError) -> String {
-    match e {
-        AdminError::NotFound(id)
-        | AdminError::LiveLease { id, .. }
-        | AdminError::State { id, .. }
-        | AdminError::UnknownState { id, .. } => id.clone(),
-        AdminError::KeyTaken | AdminError::Store(_) => String::new(),
-    }
-}
-
-/// The action, for an outcome's answer (a refusal other than `State`
-/// words the same whatever the action).
-fn action_of(outcome: &Result<Done, AdminError>) -> AdminAction {
-    match outcome {
-        Ok(done) => done.action,
-        Err(AdminError::State { action, .. }) => *action,
-        Err(_) => AdminAction::Retry,
-    }
 }
 
 /// Whether an answer is stored under the key: below 500, and not one that

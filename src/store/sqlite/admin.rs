@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params};
 
+use super::delivery_queue::latest_outcomes;
 use super::inspect::{COLUMNS, attempts_on, status_from_row};
 use super::writer::{insert_events, insert_ledger};
 use super::{DB_FILE, classify};
@@ -266,16 +267,7 @@ fn without_final_outcome(
     id: &str,
     recipients: &[String],
 ) -> rusqlite::Result<Vec<String>> {
-    let mut latest = std::collections::HashMap::new();
-    let mut stmt = tx.prepare_cached(
-        "SELECT recipient, outcome FROM delivery_attempt WHERE queue_id = ?1 ORDER BY id",
-    )?;
-    for row in stmt.query_map([id], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-    })? {
-        let (recipient, outcome) = row?;
-        latest.insert(recipient, outcome);
-    }
+    let latest = latest_outcomes(tx, id)?.into_iter().collect();
     Ok(crate::store::admin::not_final(recipients, &latest))
 }
 

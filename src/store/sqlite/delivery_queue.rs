@@ -98,7 +98,10 @@ fn load_on(conn: &Connection, id: &str) -> rusqlite::Result<Option<ClaimedMessag
     Ok(Some(msg))
 }
 
-fn latest_outcomes(conn: &Connection, id: &str) -> rusqlite::Result<Vec<(String, String)>> {
+pub(super) fn latest_outcomes(
+    conn: &Connection,
+    id: &str,
+) -> rusqlite::Result<Vec<(String, String)>> {
     let mut stmt = conn.prepare_cached(
         "SELECT recipient, outcome FROM delivery_attempt WHERE queue_id = ?1 ORDER BY id",
     )?;
