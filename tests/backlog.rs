@@ -11,6 +11,11 @@ use std::time::{Duration, Instant};
 use common::http::Request;
 use common::{Client, Daemon, Options, Store, message, stalling_next_hop, wait_until};
 
+async fn send(c: &mut Client, n: usize) -> common::Reply {
+    let m = message(Some(&format!("backlog-{n}")), &format!("message {n}"));
+    c.submit("alice@example.test", &["r@example.net"], &m).await
+}
+
 async fn metric(d: &Daemon, name: &str) -> f64 {
     let r = Request::new("GET", "/metrics")
         .send(d.metrics.expect("metrics listener"))
@@ -37,10 +42,6 @@ async fn acceptance_waits_for_room_then_goes_on() {
     });
     let wait_total = "smtp_once_inflow_wait_seconds_total";
     let mut c = Client::login(d.plain, "alice").await;
-    let send = |c: &mut Client, n: usize| {
-        let m = message(Some(&format!("backlog-{n}")), &format!("message {n}"));
-        async move { c.submit("alice@example.com", &["r@example.net"], &m).await }
-    };
 
     // Two messages fill the backlog (the next hop holds their attempts):
     // neither waited.

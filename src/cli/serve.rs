@@ -13,8 +13,8 @@ use std::time::Duration;
 use super::LogFormat;
 use super::housekeeping::LedgerPurge;
 use crate::accept::Acceptor;
-use crate::backlog::Backlog;
 use crate::auth::{AuthError, Authenticator, NewAccount};
+use crate::backlog::Backlog;
 use crate::config::{Config, StoreBackend};
 use crate::delivery::Worker;
 use crate::metrics_http::MetricsServer;
@@ -123,7 +123,8 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
         ),
         None => None,
     };
-    let acceptor = Arc::new(acceptor(config, store.clone(), router.clone())?.with_backlog(backlog.clone()));
+    let acceptor =
+        Arc::new(acceptor(config, store.clone(), router.clone())?.with_backlog(backlog.clone()));
     let counting = count_backlog(store.clone(), backlog);
     let http = match &config.http {
         Some(settings) => {
@@ -196,7 +197,10 @@ const BACKLOG_COUNT_EVERY: Duration = Duration::from_secs(2);
 
 /// Counts `queued` + `delivering` into `backlog` until aborted (nothing to
 /// count when it has no limit).
-fn count_backlog(store: Arc<dyn Store>, backlog: Arc<Backlog>) -> Option<tokio::task::JoinHandle<()>> {
+fn count_backlog(
+    store: Arc<dyn Store>,
+    backlog: Arc<Backlog>,
+) -> Option<tokio::task::JoinHandle<()>> {
     if backlog.limit() == 0 {
         return None;
     }
@@ -210,7 +214,9 @@ fn count_backlog(store: Arc<dyn Store>, backlog: Arc<Backlog>) -> Option<tokio::
                     let waiting = depth
                         .counts
                         .iter()
-                        .filter(|(state, _)| matches!(state, MessageState::Queued | MessageState::Delivering))
+                        .filter(|(state, _)| {
+                            matches!(state, MessageState::Queued | MessageState::Delivering)
+                        })
                         .map(|(_, n)| n)
                         .sum();
                     backlog.resample(waiting);

@@ -192,15 +192,25 @@ mod tests {
         conn.execute_batch("CREATE TABLE schema_version (version INTEGER NOT NULL)")
             .expect("version table");
         for (i, step) in MIGRATIONS.iter().enumerate().take(3) {
-            let Sql(sql) = step else { panic!("steps 1-3 are SQL") };
+            let Sql(sql) = step else {
+                panic!("steps 1-3 are SQL")
+            };
             conn.execute_batch(sql).expect("old step");
-            conn.execute("INSERT INTO schema_version VALUES (?1)", [i64::try_from(i + 1).expect("small")])
-                .expect("version");
+            conn.execute(
+                "INSERT INTO schema_version VALUES (?1)",
+                [i64::try_from(i + 1).expect("small")],
+            )
+            .expect("version");
         }
         for (key, created) in [("b-key", 2_000), ("a-key", 1_000), ("c-key", 3_000)] {
             conn.execute(
                 "INSERT INTO ledger VALUES ('default', ?1, ?2, ?3, 'Q1', ?4, ?4 + 10800000)",
-                params![key, vec![7u8; 32], format!("250 {key}").into_bytes(), created],
+                params![
+                    key,
+                    vec![7u8; 32],
+                    format!("250 {key}").into_bytes(),
+                    created
+                ],
             )
             .expect("old row");
         }
