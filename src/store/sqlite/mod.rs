@@ -275,23 +275,20 @@ fn lookup_on(
         "SELECT fingerprint, reply, queue_id, created_at, expires_at FROM ledger
          WHERE key_hash = ?4 AND workspace = ?1 AND key = ?2 AND expires_at > ?3",
     )?
-    .query_row(
-        params![workspace, key, now, ledger_key::hash(workspace, key)],
-        |row| {
-            let fp: Vec<u8> = row.get(0)?;
-            let mut fingerprint = [0u8; 32];
-            if fp.len() == 32 {
-                fingerprint.copy_from_slice(&fp);
-            }
-            Ok(LedgerEntry {
-                fingerprint,
-                reply: row.get(1)?,
-                queue_id: row.get(2)?,
-                created_at: row.get(3)?,
-                expires_at: row.get(4)?,
-            })
-        },
-    )
+    .query_row(params![workspace, key, now, ledger_key::hash(key)], |row| {
+        let fp: Vec<u8> = row.get(0)?;
+        let mut fingerprint = [0u8; 32];
+        if fp.len() == 32 {
+            fingerprint.copy_from_slice(&fp);
+        }
+        Ok(LedgerEntry {
+            fingerprint,
+            reply: row.get(1)?,
+            queue_id: row.get(2)?,
+            created_at: row.get(3)?,
+            expires_at: row.get(4)?,
+        })
+    })
     .optional()
 }
 

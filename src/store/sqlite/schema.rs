@@ -161,7 +161,7 @@ fn ledger_by_key_hash(tx: &Transaction<'_>) -> rusqlite::Result<()> {
             let workspace: String = r.get(0)?;
             let key: String = r.get(1)?;
             write.execute(params![
-                super::ledger_key::hash(&workspace, &key),
+                super::ledger_key::hash(&key),
                 workspace,
                 key,
                 r.get::<_, Vec<u8>>(2)?,

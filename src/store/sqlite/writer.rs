@@ -181,7 +181,7 @@ fn apply_acceptance(tx: &Transaction<'_>, a: &Acceptance) -> rusqlite::Result<Co
 pub(crate) fn insert_ledger(tx: &Transaction<'_>, l: &NewLedgerEntry) -> rusqlite::Result<bool> {
     // Check, then write: unique because every writer (this thread, the
     // operators' `admin` connection) holds the database's write lock.
-    let hash = ledger_key::hash(&l.workspace, &l.key);
+    let hash = ledger_key::hash(&l.key);
     let held: Option<(i64, i64)> = tx
         .prepare_cached(
             "SELECT id, expires_at FROM ledger
