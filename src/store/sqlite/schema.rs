@@ -86,6 +86,11 @@ const MIGRATIONS: &[&str] = &[
         disabled_at INTEGER,
         disabled_reason TEXT
      );",
+    // 4: the console's lookups: a message by its key (any workspace), a
+    //    workspace's messages newest first, a message's webhook events.
+    "CREATE INDEX queue_key ON queue(idempotency_key);
+     CREATE INDEX queue_workspace ON queue(workspace, id);
+     CREATE INDEX webhook_outbox_queue ON webhook_outbox(queue_id);",
 ];
 
 pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<u32> {
