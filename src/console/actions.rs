@@ -52,7 +52,7 @@ pub(super) async fn confirm(
 ) -> Response {
     let signed = match signed_in(&api, &headers, peer) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let session = &signed.session;
     let Some(action) = action_of(&name) else {
@@ -93,11 +93,11 @@ pub(super) async fn act(
     let (parts, body) = request.into_parts();
     let signed = match signed_in(&api, &parts.headers, peer) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let fields = match signed_form(&api, &signed, body, peer).await {
         Ok(f) => f,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let session = &signed.session;
     let Some(action) = action_of(&name) else {

@@ -18,6 +18,9 @@ use super::session::{COOKIE, Session, cookie, same_token};
 use crate::http::Api;
 use crate::http::body::{self, BodyError, BodyLimits};
 
+/// An answer instead of the page (boxed: a `Response` is large).
+pub(super) type Refusal = Box<Response>;
+
 /// A form body is at most this.
 pub(super) const MAX_FORM: usize = 16 * 1024;
 
@@ -28,10 +31,10 @@ pub(super) struct SignedIn<'a> {
 }
 
 /// The console's state (its routes exist only when it does).
-pub(super) fn console(api: &Api) -> Result<&Console, Response> {
+pub(super) fn console(api: &Api) -> Result<&Console, Refusal> {
     api.console
         .as_deref()
-        .ok_or_else(|| layout::not_found(None))
+        .ok_or_else(|| Box::new(layout::not_found(None)))
 }
 
 /// The session of this request, or the answer: `429` to a banned address,
@@ -40,15 +43,15 @@ pub(super) fn signed_in<'a>(
     api: &'a Api,
     headers: &HeaderMap,
     peer: SocketAddr,
-) -> Result<SignedIn<'a>, Response> {
+) -> Result<SignedIn<'a>, Refusal> {
     let console = console(api)?;
     if api.auth.api_key_refused_banned(peer.ip()) {
-        return Err(banned());
+        return Err(Box::new(banned()));
     }
     cookie(headers, COOKIE)
         .and_then(|token| console.sessions.get(token))
         .map(|session| SignedIn { console, session })
-        .ok_or_else(|| see_other("/console/login"))
+        .ok_or_else(|| Box::new(see_other("/console/login")))
 }
 
 /// The form's fields, or the answer: `413` over [`MAX_FORM`], `503` when
@@ -59,7 +62,7 @@ pub(super) async fn read_form(
     account: Option<&str>,
     body: Body,
     peer: SocketAddr,
-) -> Result<Vec<(String, String)>, Response> {
+) -> Result<Vec<(String, String)>, Refusal> {
     let mut reservation = api.budget.reservation(account.map(Arc::from));
     let limits = BodyLimits {
         max_bytes: MAX_FORM,
@@ -68,30 +71,30 @@ pub(super) async fn read_form(
     let bytes = match body::read(body, limits, &mut reservation).await {
         Ok(bytes) => bytes,
         Err(BodyError::TooLarge(_)) => {
-            return Err(layout::error_page(
+            return Err(Box::new(layout::error_page(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 None,
                 "Too large",
                 "A console form is at most 16 KiB.",
-            ));
+            )));
         }
         Err(e @ BodyError::OverBudget(_)) => {
             tracing::warn!(%peer, error = %e, "console form refused: in-flight budget used up");
-            return Err(layout::error_page(
+            return Err(Box::new(layout::error_page(
                 StatusCode::SERVICE_UNAVAILABLE,
                 None,
                 "Busy",
                 "The server is busy; try again in a moment.",
-            ));
+            )));
         }
         Err(e) => {
             tracing::info!(%peer, error = %e, "console form could not be read");
-            return Err(layout::error_page(
+            return Err(Box::new(layout::error_page(
                 StatusCode::BAD_REQUEST,
                 None,
                 "Bad request",
                 "The form could not be read.",
-            ));
+            )));
         }
     };
     Ok(form_urlencoded::parse(&bytes)
@@ -108,10 +111,10 @@ pub(super) fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'
 }
 
 /// The session's form token must be in the form (`csrf`), else `403`.
-pub(super) fn check_token(session: &Session, fields: &[(String, String)]) -> Result<(), Response> {
+pub(super) fn check_token(session: &Session, fields: &[(String, String)]) -> Result<(), Refusal> {
     match field(fields, "csrf") {
         Some(token) if same_token(token, &session.csrf) => Ok(()),
-        _ => Err(layout::forbidden(Some(session))),
+        _ => Err(Box::new(layout::forbidden(Some(session)))),
     }
 }
 
@@ -121,7 +124,7 @@ pub(super) async fn signed_form(
     signed: &SignedIn<'_>,
     body: Body,
     peer: SocketAddr,
-) -> Result<Vec<(String, String)>, Response> {
+) -> Result<Vec<(String, String)>, Refusal> {
     let fields = read_form(api, Some(signed.session.name()), body, peer).await?;
     check_token(&signed.session, &fields)?;
     Ok(fields)
@@ -149,6 +152,6 @@ pub(super) async fn unknown_page(
 ) -> Response {
     match signed_in(&api, &headers, peer) {
         Ok(s) => layout::not_found(Some(&s.session)),
-        Err(r) => r,
+        Err(r) => *r,
     }
 }

@@ -34,7 +34,7 @@ pub(super) async fn form(
 ) -> Response {
     match signed_in(&api, &headers, peer) {
         Ok(_) => return see_other("/console/"),
-        Err(r) if r.status() == StatusCode::TOO_MANY_REQUESTS => return r,
+        Err(r) if r.status() == StatusCode::TOO_MANY_REQUESTS => return *r,
         Err(_) => {}
     }
     login_page(&api, StatusCode::OK, None)
@@ -99,7 +99,7 @@ pub(super) async fn submit(
     }
     let fields = match read_form(&api, None, body, peer).await {
         Ok(f) => f,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let token_ok = match (cookie(&parts.headers, LOGIN_COOKIE), field(&fields, "csrf")) {
         (Some(c), Some(f)) => same_token(c, f),
@@ -185,10 +185,10 @@ pub(super) async fn logout(
     let (parts, body) = request.into_parts();
     let signed = match signed_in(&api, &parts.headers, peer) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if let Err(r) = signed_form(&api, &signed, body, peer).await {
-        return r;
+        return *r;
     }
     if let Some(token) = cookie(&parts.headers, COOKIE) {
         signed.console.sessions.end(token);

@@ -38,7 +38,7 @@ pub(super) async fn page(
 ) -> Response {
     let signed = match signed_in(&api, &headers, peer) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let (mut body, mut done, mut replayed) = (false, None, false);
     for (k, v) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {

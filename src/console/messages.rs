@@ -128,7 +128,7 @@ pub(super) async fn page(
 ) -> Response {
     let signed = match signed_in(&api, &headers, peer) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let session = &signed.session;
     let q = Query::parse(raw.as_deref());

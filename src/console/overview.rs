@@ -21,7 +21,7 @@ use crate::metrics::QUEUE_STATES;
 pub(super) async fn page_handler(api: &Api, headers: &HeaderMap, peer: SocketAddr) -> Response {
     let signed = match signed_in(api, headers, peer) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let c = signed.console;
     let main = if signed.session.operator {

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use maud::html;
 
-use super::form::{SignedIn, signed_form, signed_in};
+use super::form::{Refusal, SignedIn, signed_form, signed_in};
 use super::layout::{self, Nav, html_response, page as shell, see_other, time};
 use crate::http::Api;
 use crate::store::now_millis;
@@ -24,10 +24,10 @@ fn operator<'a>(
     api: &'a Api,
     headers: &HeaderMap,
     peer: SocketAddr,
-) -> Result<SignedIn<'a>, Response> {
+) -> Result<SignedIn<'a>, Refusal> {
     let signed = signed_in(api, headers, peer)?;
     if !signed.session.operator {
-        return Err(layout::not_found(Some(&signed.session)));
+        return Err(Box::new(layout::not_found(Some(&signed.session))));
     }
     Ok(signed)
 }
@@ -40,7 +40,7 @@ pub(super) async fn page(
 ) -> Response {
     let signed = match operator(&api, &headers, peer) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let c = signed.console;
     let session = &signed.session;
@@ -157,10 +157,10 @@ pub(super) async fn enable(
     let (parts, body) = request.into_parts();
     let signed = match operator(&api, &parts.headers, peer) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if let Err(r) = signed_form(&api, &signed, body, peer).await {
-        return r;
+        return *r;
     }
     if !signed.console.endpoints.contains(&name) {
         return layout::not_found(Some(&signed.session));
@@ -187,10 +187,10 @@ pub(super) async fn redeliver(
     let (parts, body) = request.into_parts();
     let signed = match operator(&api, &parts.headers, peer) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if let Err(r) = signed_form(&api, &signed, body, peer).await {
-        return r;
+        return *r;
     }
     match signed
         .console
