@@ -447,7 +447,10 @@ async fn script(store: Store) {
     let mut types: Vec<&str> = jobs.iter().map(|j| j.event_type.as_str()).collect();
     types.sort_unstable();
     assert_eq!(types, ["message.held", "message.released"], "{jobs:?}");
-    assert!(jobs.iter().all(|j| j.payload["data"]["actor"] == "console:alice"));
+    assert!(
+        jobs.iter()
+            .all(|j| j.payload["data"]["actor"] == "console:alice")
+    );
     assert!(
         jobs.iter()
             .all(|j| j.queue_id.as_deref() == Some(id.as_str()))

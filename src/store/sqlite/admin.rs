@@ -287,7 +287,15 @@ fn list_query(filter: ListFilter) -> (String, Vec<rusqlite::types::Value>) {
         add("state = ?", Value::Text(state.as_str().to_owned()));
     }
     if let Some(workspace) = filter.workspace {
-        add("workspace = ?", Value::Text(workspace));
+        // With a key, the key's index must lead (a key has one or a few
+        // rows; a workspace may have millions): `+` keeps SQLite, which
+        // has no statistics here, from walking `queue_workspace` instead.
+        let condition = if filter.key.is_some() {
+            "+workspace = ?"
+        } else {
+            "workspace = ?"
+        };
+        add(condition, Value::Text(workspace));
     }
     if let Some(from) = filter.created_from {
         add("created_at >= ?", Value::Integer(from));
