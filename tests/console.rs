@@ -572,3 +572,42 @@ async fn failed_sign_ins_ban_the_address() {
         .await;
     assert_ne!(api.status, 200);
 }
+
+/// Under TLS the session cookie is `Secure`, and a sign-in whose `Origin`
+/// names this listener (https) goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_cookie_is_secure_under_tls() {
+    let d = Daemon::start(Options {
+        extra: "[http]\naddr = \"127.0.0.1:0\"\ntls = true\nconsole = true\n".into(),
+        store: Store::Sqlite,
+        ..Options::default()
+    });
+    let http = d.http.expect("http listener");
+    let page = Request::new("GET", "/console/login").send_tls(http).await;
+    assert_eq!(page.status, 200);
+    let token = cookie_value(&page, "smtp_once_console_login").expect("login cookie");
+    assert!(cookies(&page).iter().all(|c| c.contains("; Secure")));
+    // The test client's requests say `Host: test`.
+    let origin = "https://test";
+    let r = Request::new("POST", "/console/login")
+        .header("Cookie", &format!("smtp_once_console_login={token}"))
+        .header("Origin", origin)
+        .body(
+            FORM,
+            &form(&[
+                ("csrf", token.as_str()),
+                ("account", "bob"),
+                ("password", "bob-pw"),
+            ]),
+        )
+        .send_tls(http)
+        .await;
+    assert_eq!(r.status, 303, "{}", text(&r));
+    let set = cookies(&r)
+        .into_iter()
+        .find(|c| c.starts_with("smtp_once_console="))
+        .expect("session cookie");
+    for flag in ["HttpOnly", "SameSite=Strict", "Path=/console", "Secure"] {
+        assert!(set.contains(flag), "{set}");
+    }
+}

@@ -190,3 +190,26 @@ pub(super) fn age(ms: i64) -> String {
         _ => format!("{} d {} h", s / 86_400, s % 86_400 / 3600),
     }
 }
+
+/// `text` as one URL path segment: every byte but the unreserved ones
+/// percent-encoded (an endpoint's name is the operator's free text).
+pub(super) fn segment(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_segment_is_percent_encoded() {
+        assert_eq!(super::segment("ops-1_a.b~"), "ops-1_a.b~");
+        assert_eq!(super::segment("a/b c?é"), "a%2Fb%20c%3F%C3%A9");
+    }
+}

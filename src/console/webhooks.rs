@@ -12,7 +12,7 @@ use axum::response::Response;
 use maud::html;
 
 use super::form::{Refusal, SignedIn, signed_form, signed_in};
-use super::layout::{self, Nav, html_response, page as shell, see_other, time};
+use super::layout::{self, Nav, html_response, page as shell, see_other, segment, time};
 use crate::http::Api;
 use crate::store::now_millis;
 
@@ -90,7 +90,7 @@ pub(super) async fn page(
                                 td { @match &b.last_error { Some((at, e)) => { (e) " (" (time(*at)) ")" }, None => "—" } }
                                 td {
                                     @if off.is_some() {
-                                        form method="post" action={"/console/webhooks/" (b.endpoint) "/enable"} {
+                                        form method="post" action={"/console/webhooks/" (segment(&b.endpoint)) "/enable"} {
                                             input type="hidden" name="csrf" value=(session.csrf);
                                             button type="submit" { "Re-enable " span.visually-hidden { (b.endpoint) } }
                                         }
@@ -129,7 +129,7 @@ pub(super) async fn page(
                                 } }
                                 td { @if let Some(q) = &e.queue_id { a href={"/console/messages/" (q)} { code { (q) } } } }
                                 td {
-                                    form method="post" action={"/console/webhooks/deliveries/" (e.webhook_id) "/redeliver"} {
+                                    form method="post" action={"/console/webhooks/deliveries/" (segment(&e.webhook_id)) "/redeliver"} {
                                         input type="hidden" name="csrf" value=(session.csrf);
                                         button type="submit" { "Redeliver " span.visually-hidden { (e.webhook_id) } }
                                     }
