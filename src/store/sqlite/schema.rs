@@ -240,6 +240,6 @@ mod tests {
             "another workspace's key is another entry"
         );
         // Run again: nothing to do.
-        assert_eq!(migrate(&mut conn).expect("again"), 4);
+        assert_eq!(migrate(&mut conn).expect("again"), 5);
     }
 }
