@@ -640,7 +640,7 @@ mod tests {
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE ")?.split_once(' '))
             .collect();
-        assert_eq!(typed.len(), 11, "one TYPE per family:\n{text}");
+        assert_eq!(typed.len(), 14, "one TYPE per family:\n{text}");
         for (name, kind) in &typed {
             assert!(text.contains(&format!("# HELP {name} ")), "{name}");
             assert_eq!(
