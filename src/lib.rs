@@ -6,7 +6,8 @@
 //! - [`cli`]: the commands; `cli::serve` is the composition root that builds
 //!   a node from its config and runs it.
 //! - Fronts: [`server`] (SMTP connections over [`smtp`], the sans-I/O
-//!   session), [`http`] (the JSON API), [`metrics_http`]; every listener
+//!   session), [`http`] (the JSON API) with [`console`] (its web pages, on
+//!   the same listener), [`metrics_http`]; every listener
 //!   admitted by [`front_door`] with [`auth`] and [`budget`].
 //! - Acceptance: [`accept`] (one pipeline for every front: key, fingerprint,
 //!   claim, decision, one commit) on [`idempotency`] (the decision, claims and
@@ -31,6 +32,7 @@ pub mod budget;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod content_check;
 pub mod delivery;
 pub mod dkim;

@@ -469,6 +469,58 @@ impl Metrics {
     }
 }
 
+/// The counters the console's overview samples (its own chart of the last
+/// hour, no Prometheus needed): running totals since the process started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Submissions committed and queued, every channel.
+    pub accepted: u64,
+    /// Recipients delivered.
+    pub delivered: u64,
+    /// Failed logins and wrong API keys (wrong credentials, locked
+    /// accounts), every channel.
+    pub auth_failures: u64,
+    /// Attempts refused because the address was banned.
+    pub banned_refusals: u64,
+}
+
+impl Metrics {
+    /// The running totals of [`Totals`].
+    pub fn totals(&self) -> Totals {
+        let mut t = Totals::default();
+        for channel in [Channel::Smtp, Channel::Http] {
+            t.accepted += self
+                .submissions
+                .get_or_create(&SubmissionLabels {
+                    channel: channel.as_str(),
+                    outcome: Outcome::Accepted.as_str(),
+                })
+                .get();
+            for reason in AuthFailure::ALL {
+                let n = self
+                    .auth_failures
+                    .get_or_create(&AuthFailureLabels {
+                        channel: channel.as_str(),
+                        reason: reason.as_str(),
+                    })
+                    .get();
+                if reason == AuthFailure::IpBanned {
+                    t.banned_refusals += n;
+                } else {
+                    t.auth_failures += n;
+                }
+            }
+        }
+        t.delivered = self
+            .delivery_attempts
+            .get_or_create(&OutcomeLabel {
+                outcome: "delivered",
+            })
+            .get();
+        t
+    }
+}
+
 /// See [`Metrics::connection`].
 pub struct ConnectionGuard {
     metrics: &'static Metrics,
@@ -588,7 +640,7 @@ mod tests {
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE ")?.split_once(' '))
             .collect();
-        assert_eq!(typed.len(), 11, "one TYPE per family:\n{text}");
+        assert_eq!(typed.len(), 14, "one TYPE per family:\n{text}");
         for (name, kind) in &typed {
             assert!(text.contains(&format!("# HELP {name} ")), "{name}");
             assert_eq!(

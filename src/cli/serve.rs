@@ -70,6 +70,36 @@ pub(super) fn serve(path: PathBuf, log_format: LogFormat) -> Result<(), String> 
     Ok(())
 }
 
+/// The web console's state (`[http] console = true`): who is an operator,
+/// the store for the ledger and the queue's depth, and its own connection
+/// to the webhook outbox, as `smtp-once webhooks` opens one.
+async fn console<S: Store>(
+    config: &Config,
+    store: Arc<S>,
+) -> Result<Arc<crate::console::Console>, String> {
+    let outbox: Arc<dyn crate::store::outbox::OutboxAdmin + Send + Sync> = match &config.store {
+        StoreBackend::Sqlite => Arc::new(
+            crate::store::sqlite::OutboxDb::open(&config.data_dir)
+                .map_err(|e| format!("cannot open the outbox for the console: {e}"))?,
+        ),
+        StoreBackend::Postgres(pg) => Arc::new(
+            crate::store::postgres::PgOutboxAdmin::connect(&pg.url, pg.ca_file.as_deref())
+                .await
+                .map_err(|e| format!("cannot open the outbox for the console: {e}"))?,
+        ),
+    };
+    let operators = config
+        .users
+        .iter()
+        .filter(|u| u.operator)
+        .map(|u| u.name.clone())
+        .collect();
+    let endpoints = config.webhooks.iter().map(|w| w.name.clone()).collect();
+    Ok(crate::console::Console::start(
+        operators, store, outbox, endpoints,
+    ))
+}
+
 /// Runs the delivery worker and the server on one store until a signal.
 async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
     config: &Config,
@@ -133,12 +163,18 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
             let admin = super::queue::open(config)
                 .await
                 .map_err(|e| format!("cannot open the queue for the API's actions: {e}"))?;
+            let console = if settings.console {
+                Some(console(config, store.clone()).await?)
+            } else {
+                None
+            };
             let front = crate::http::Front {
                 door: door.clone(),
                 auth: auth.clone(),
                 budget: budget.clone(),
                 admin: Arc::from(admin),
                 webhooks: router,
+                console,
             };
             Some(
                 crate::http::start(config, settings, acceptor.clone(), store.clone(), front)

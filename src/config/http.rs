@@ -22,6 +22,10 @@ pub struct RawHttp {
     /// (Apache's `RequestReadTimeout body=20,MinRate=500` shape).
     #[serde(default = "default_min_body_rate")]
     pub min_body_rate: u64,
+    /// Serve the web console under `/console` on this listener (same
+    /// front door, TLS, deadlines and budget as the API).
+    #[serde(default)]
+    pub console: bool,
 }
 
 fn default_body_timeout() -> String {
@@ -40,6 +44,7 @@ pub struct HttpSettings {
     pub tls: bool,
     pub body_timeout: Duration,
     pub min_body_rate: u64,
+    pub console: bool,
 }
 
 pub(super) fn check(
@@ -76,5 +81,6 @@ pub(super) fn check(
         tls: raw.tls,
         body_timeout,
         min_body_rate: raw.min_body_rate,
+        console: raw.console,
     })
 }

@@ -128,24 +128,53 @@ async fn act(
         parts.uri.path(),
         parts.uri.query().unwrap_or_default()
     );
+    let actor = format!("api:{}", caller.submitter.name());
+    let answer = perform(&api, &caller, id, action, key, &line, &body, actor).await;
+    drop(reservation);
+    let delivering = is_delivering(&answer);
+    let mut response = respond(answer);
+    if delivering {
+        response.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static(RETRY_AFTER_SECONDS),
+        );
+    }
+    response
+}
+
+/// One action on one message through the seeds' key steps
+/// (`Acceptor::once`) and `QueueAdmin::apply`, as every front performs it
+/// (the API here, the console's confirmed forms): the answer as
+/// `status\nbody` (JSON), the same bytes when replayed. `line` and `body`
+/// are the request's identity under `key`; `actor` names who acted.
+#[allow(clippy::too_many_arguments)] // one call site per front; a struct would only rename them
+pub(crate) async fn perform(
+    api: &Api,
+    caller: &Caller,
+    id: String,
+    action: AdminAction,
+    key: Option<&str>,
+    line: &str,
+    body: &[u8],
+    actor: String,
+) -> Vec<u8> {
     let operation = Operation {
         workspace: caller.submitter.workspace(),
         key,
-        line: &line,
-        body: &body,
+        line,
+        body,
     };
-    let answer = api
-        .acceptor
+    api.acceptor
         .once(operation, &Http, |slot| {
             let change = Change {
                 action,
                 id: id.clone(),
                 workspace: caller.scope().map(str::to_owned),
-                actor: format!("api:{}", caller.submitter.name()),
+                actor: actor.clone(),
                 recorder: Some(recorder(
                     slot,
                     api.webhooks.clone(),
-                    &caller,
+                    actor,
                     id.clone(),
                     action,
                 )),
@@ -165,17 +194,7 @@ async fn act(
                 }
             }
         })
-        .await;
-    drop(reservation);
-    let delivering = is_delivering(&answer);
-    let mut response = respond(answer);
-    if delivering {
-        response.headers_mut().insert(
-            header::RETRY_AFTER,
-            HeaderValue::from_static(RETRY_AFTER_SECONDS),
-        );
-    }
-    response
+        .await
 }
 
 /// What the change writes with itself: its answer under the key (when
@@ -183,11 +202,10 @@ async fn act(
 fn recorder(
     slot: Option<LedgerSlot>,
     webhooks: Webhooks,
-    caller: &Caller,
+    actor: String,
     id: String,
     action: AdminAction,
 ) -> Recorder {
-    let actor = format!("api:{}", caller.submitter.name());
     Box::new(move |outcome: &Result<Done, AdminError>| {
         let ledger = slot
             .filter(|_| stored(outcome))

@@ -26,7 +26,7 @@ pub struct BodyLimits {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub(super) enum BodyError {
+pub(crate) enum BodyError {
     #[error("the body is over {0} bytes")]
     TooLarge(usize),
     #[error("{0}")]
@@ -39,7 +39,7 @@ pub(super) enum BodyError {
 
 /// The whole body, its bytes held under `reservation` (which the caller
 /// keeps until the request is answered).
-pub(super) async fn read(
+pub(crate) async fn read(
     body: Body,
     limits: BodyLimits,
     reservation: &mut Reservation,

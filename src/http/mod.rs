@@ -4,8 +4,8 @@
 //! Authentication by API key; the account's workspace and
 //! `allowed_senders` apply as on SMTP.
 
-mod actions;
-mod body;
+pub(crate) mod actions;
+pub(crate) mod body;
 pub mod channel;
 pub mod compose;
 pub mod keys;
@@ -53,6 +53,8 @@ pub struct Api {
     pub admin: Arc<dyn QueueAdmin>,
     /// The events those operations cause.
     pub webhooks: Webhooks,
+    /// The web console under `/console` (`[http] console = true`).
+    pub console: Option<Arc<crate::console::Console>>,
 }
 
 /// The OpenAPI document, checked in beside the code that serves it.
@@ -136,7 +138,15 @@ pub fn respond(encoded: Vec<u8>) -> Response {
 }
 
 pub fn router(api: Arc<Api>) -> Router {
-    Router::new()
+    let routes = Router::new();
+    // The console's pages on this listener: the same front door, TLS,
+    // deadlines and budget as the API, no second surface to defend.
+    let routes = if api.console.is_some() {
+        routes.merge(crate::console::routes())
+    } else {
+        routes
+    };
+    routes
         .route("/v1/messages", post(submit::submit).get(status::list))
         .route(
             "/v1/messages/{id}",
@@ -214,6 +224,7 @@ pub async fn start(
         hostname: config.hostname.clone(),
         admin: front.admin,
         webhooks: front.webhooks,
+        console: front.console,
     });
     let limits = serve::Limits {
         max_connections: config.max_connections,
@@ -240,6 +251,8 @@ pub struct Front {
     /// The node's queue operations (its own connection to the store).
     pub admin: Arc<dyn QueueAdmin>,
     pub webhooks: Webhooks,
+    /// The console's own state, when `[http] console = true`.
+    pub console: Option<Arc<crate::console::Console>>,
 }
 
 /// A request's headers must arrive within this, however they trickle

@@ -17,7 +17,9 @@ use super::{
 };
 
 /// Which messages [`QueueAdmin::list`] returns: in queue-id (acceptance)
-/// order, after the cursor `after`, at most `limit`.
+/// order (newest first with `newest_first`), after the cursor `after` in
+/// that order, at most `limit`. Paging walks the primary key: no OFFSET,
+/// no count, so a page costs the same at any depth of the queue.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ListFilter {
     pub state: Option<MessageState>,
@@ -26,9 +28,32 @@ pub struct ListFilter {
     pub created_from: Option<UnixMillis>,
     /// Accepted before this time.
     pub created_before: Option<UnixMillis>,
+    /// Only messages with one recipient containing this text (ASCII case
+    /// ignored).
+    pub recipient: Option<String>,
+    /// Only messages whose reverse-path contains this text (ASCII case
+    /// ignored).
+    pub sender: Option<String>,
+    /// Only messages submitted under this idempotency key (exact; the
+    /// `queue_key` index).
+    pub key: Option<String>,
+    /// Newest first: `after` is then the smallest id of the previous page.
+    pub newest_first: bool,
     /// The last queue id of the previous page.
     pub after: Option<String>,
     pub limit: usize,
+}
+
+/// What the console's message page shows beside the status: the key, the
+/// trace (our `Received:` and any `DKIM-Signature:`) and the stored body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageContent {
+    pub idempotency_key: Option<String>,
+    /// Empty, with `body`, once the body is gone (delivered to every
+    /// recipient, without `relay.keep_bodies`).
+    pub trace: String,
+    pub body: Vec<u8>,
+    pub body_kept: bool,
 }
 
 /// An operator action on one message.
@@ -155,6 +180,14 @@ pub trait QueueAdmin: Send + Sync {
 
     /// The message and every attempt, oldest first.
     fn show<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<MessageDetail, AdminError>>;
+
+    /// The message's key, trace and body, whatever its workspace (the
+    /// caller checked it with `show` or `StatusReader::message_in`);
+    /// `None` when it is gone.
+    fn content<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<MessageContent>, StoreError>>;
 
     /// Makes every queued and deferred message not yet due, due now;
     /// returns how many.

@@ -266,6 +266,95 @@ async fn list_filters_and_paging(bed: &Bed) {
     assert_eq!(ids(&all(from).await), ["Q4"]);
 }
 
+/// A message with its own key, sender and recipient (the console's filters).
+async fn seed_keyed(bed: &Bed, id: &str, workspace: &str, key: &str, from: &str, to: &str) {
+    let outcome = bed
+        .store
+        .commit(Acceptance {
+            ledger: None,
+            message: Some(NewMessage {
+                id: id.into(),
+                workspace: workspace.into(),
+                account: "bob".into(),
+                reverse_path: from.into(),
+                recipients: vec!["first@example.net".into(), to.into()],
+                idempotency_key: Some(key.into()),
+                trace: "Received: test\r\nDKIM-Signature: v=1; d=example.test\r\n".into(),
+                body: b"Subject: <b>t</b>\r\n\r\nhi\r\n".to_vec(),
+                created_at: now_millis(),
+            }),
+            events: Vec::new(),
+        })
+        .await
+        .expect("commit");
+    assert_eq!(outcome, CommitOutcome::Committed);
+}
+
+async fn console_filters_newest_first_and_content(bed: &Bed) {
+    seed_keyed(
+        bed,
+        "Q1",
+        "w1",
+        "k-1",
+        "Alice@Example.test",
+        "x@one.example",
+    )
+    .await;
+    seed_keyed(bed, "Q2", "w2", "k-1", "bob@example.test", "y@two.example").await;
+    seed_keyed(
+        bed,
+        "Q3",
+        "w1",
+        "k-3",
+        "carol@example.test",
+        "Z@One.example",
+    )
+    .await;
+    bed.seed("Q4", "w1").await;
+    let admin = &bed.admin;
+    let all = |f: ListFilter| async move { admin.list(f).await.expect("list") };
+    let newest = ListFilter {
+        newest_first: true,
+        limit: 2,
+        ..ListFilter::default()
+    };
+    assert_eq!(ids(&all(newest.clone()).await), ["Q4", "Q3"]);
+    let older = ListFilter {
+        after: Some("Q3".into()),
+        ..newest.clone()
+    };
+    assert_eq!(ids(&all(older).await), ["Q2", "Q1"]);
+    let by_key = ListFilter {
+        key: Some("k-1".into()),
+        limit: 10,
+        ..newest.clone()
+    };
+    assert_eq!(ids(&all(by_key.clone()).await), ["Q2", "Q1"]);
+    let key_in_w1 = ListFilter {
+        workspace: Some("w1".into()),
+        ..by_key
+    };
+    assert_eq!(ids(&all(key_in_w1).await), ["Q1"]);
+    // Recipient and sender: a part of the address, ASCII case ignored.
+    let to_one = ListFilter {
+        recipient: Some("@one.EXAMPLE".into()),
+        limit: 10,
+        ..newest.clone()
+    };
+    assert_eq!(ids(&all(to_one).await), ["Q3", "Q1"]);
+    let from_alice = ListFilter {
+        sender: Some("alice@".into()),
+        limit: 10,
+        ..newest
+    };
+    assert_eq!(ids(&all(from_alice).await), ["Q1"]);
+    let content = admin.content("Q1").await.expect("content").expect("found");
+    assert_eq!(content.idempotency_key.as_deref(), Some("k-1"));
+    assert!(content.trace.contains("DKIM-Signature"));
+    assert!(content.body.starts_with(b"Subject: <b>t</b>") && content.body_kept);
+    assert!(admin.content("nope").await.expect("content").is_none());
+}
+
 async fn show_with_history(bed: &Bed) {
     bed.seed("Q1", "w1").await;
     bed.defer("Q1").await;
@@ -650,6 +739,7 @@ macro_rules! conformance {
 
 conformance!(
     list_filters_and_paging,
+    console_filters_newest_first_and_content,
     show_with_history,
     hold_then_release,
     retry_of_a_deferred_message,

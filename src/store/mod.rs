@@ -13,7 +13,9 @@ pub mod postgres;
 pub mod queue_id;
 pub mod sqlite;
 
-pub use admin::{AdminAction, AdminError, Change, Done, ListFilter, QueueAdmin, Record, Recorder};
+pub use admin::{
+    AdminAction, AdminError, Change, Done, ListFilter, MessageContent, QueueAdmin, Record, Recorder,
+};
 pub use delivery_queue::{AttemptOutcome, AttemptRow, ClaimedMessage, DeliveryQueue};
 pub use outbox::{NewEvent, WebhookOutbox};
 

@@ -89,6 +89,24 @@ pub struct EventStatus {
     pub last_error: Option<String>,
 }
 
+/// An endpoint as the console's overview shows it: events waiting, and
+/// its latest error among its recent events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointBacklog {
+    pub endpoint: String,
+    /// Events pending or being sent.
+    pub waiting: u64,
+    /// When the endpoint began failing, if it is failing now.
+    pub failing_since: Option<UnixMillis>,
+    /// The latest error among its last [`RECENT_FOR_ERRORS`] events, and
+    /// when it was recorded.
+    pub last_error: Option<(UnixMillis, String)>,
+}
+
+/// How many of an endpoint's latest events are searched for its last
+/// error: a bounded read however many events it delivered without one.
+pub const RECENT_FOR_ERRORS: i64 = 1000;
+
 /// A disabled endpoint: when and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DisabledEndpoint {
@@ -189,4 +207,18 @@ pub trait OutboxAdmin {
 
     /// Endpoints currently disabled.
     fn disabled(&self) -> BoxFuture<'_, Result<Vec<DisabledEndpoint>, StoreError>>;
+
+    /// The events of the message `queue_id` (to every endpoint), newest
+    /// first, at most `limit` (the `webhook_outbox_queue` index).
+    fn for_message<'a>(
+        &'a self,
+        queue_id: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<EventStatus>, StoreError>>;
+
+    /// Each of `endpoints`' backlog and latest error.
+    fn backlog(
+        &self,
+        endpoints: Vec<String>,
+    ) -> BoxFuture<'_, Result<Vec<EndpointBacklog>, StoreError>>;
 }

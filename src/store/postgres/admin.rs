@@ -13,7 +13,8 @@ use super::outbox::{EventColumns, INSERT_EVENTS};
 use super::status::{COLUMNS, attempt_of, status_of};
 use super::{QUEUED_CHANNEL, classify, connect_one};
 use crate::store::admin::{
-    AdminAction, AdminError, Change, Done, ListFilter, QueueAdmin, Record, decide, not_final,
+    AdminAction, AdminError, Change, Done, ListFilter, MessageContent, QueueAdmin, Record, decide,
+    not_final,
 };
 use crate::store::{BoxFuture, MessageDetail, MessageState, MessageStatus, StoreError};
 
@@ -292,36 +293,106 @@ async fn apply_on(
     Ok(outcome)
 }
 
+type SqlValue = Box<dyn tokio_postgres::types::ToSql + Sync + Send>;
+
+/// The statement for `filter`, with only the conditions it sets (as on
+/// SQLite: each one then plainly usable by its index). Paging walks the
+/// primary key.
+fn list_query(filter: ListFilter) -> (String, Vec<SqlValue>) {
+    let mut conditions: Vec<String> = Vec::new();
+    let mut values: Vec<SqlValue> = Vec::new();
+    let mut add = |condition: &str, value: SqlValue| {
+        values.push(value);
+        conditions.push(condition.replace('?', &format!("${}", values.len())));
+    };
+    if let Some(state) = filter.state {
+        add("state = ?", Box::new(state.as_str()));
+    }
+    if let Some(workspace) = filter.workspace {
+        add("workspace = ?", Box::new(workspace));
+    }
+    if let Some(from) = filter.created_from {
+        add("created_at >= ?", Box::new(from));
+    }
+    if let Some(before) = filter.created_before {
+        add("created_at < ?", Box::new(before));
+    }
+    if let Some(key) = filter.key {
+        add("idempotency_key = ?", Box::new(key));
+    }
+    if let Some(recipient) = filter.recipient {
+        add(
+            "strpos(lower(recipients), lower(?)) > 0",
+            Box::new(recipient),
+        );
+    }
+    if let Some(sender) = filter.sender {
+        add(
+            "strpos(lower(reverse_path), lower(?)) > 0",
+            Box::new(sender),
+        );
+    }
+    match (filter.after, filter.newest_first) {
+        (Some(after), true) => add("id < ?", Box::new(after)),
+        (Some(after), false) => add("id > ?", Box::new(after)),
+        (None, _) => {}
+    }
+    let order = if filter.newest_first { "DESC" } else { "ASC" };
+    let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+    values.push(Box::new(limit));
+    let condition = if conditions.is_empty() {
+        "true".to_owned()
+    } else {
+        conditions.join(" AND ")
+    };
+    let sql = format!(
+        "SELECT {COLUMNS} FROM queue WHERE {condition} ORDER BY id {order} LIMIT ${}",
+        values.len()
+    );
+    (sql, values)
+}
+
 impl QueueAdmin for PgQueueAdmin {
     fn list(&self, filter: ListFilter) -> BoxFuture<'_, Result<Vec<MessageStatus>, StoreError>> {
         Box::pin(async move {
-            let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
-            let state = filter.state.map(MessageState::as_str);
-            let after = filter.after.unwrap_or_default();
+            let (sql, values) = list_query(filter);
+            let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = values
+                .iter()
+                .map(|v| v.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
+                .collect();
             let client = self.client().await?;
             let rows = client
-                .query(
-                    &format!(
-                        "SELECT {COLUMNS} FROM queue
-                         WHERE ($1::text IS NULL OR state = $1)
-                           AND ($2::text IS NULL OR workspace = $2)
-                           AND ($3::bigint IS NULL OR created_at >= $3)
-                           AND ($4::bigint IS NULL OR created_at < $4)
-                           AND id > $5
-                         ORDER BY id LIMIT $6"
-                    ),
-                    &[
-                        &state,
-                        &filter.workspace,
-                        &filter.created_from,
-                        &filter.created_before,
-                        &after,
-                        &limit,
-                    ],
-                )
+                .query(&sql, &params)
                 .await
                 .map_err(|e| classify(&e))?;
             Ok(rows.iter().map(status_of).collect())
+        })
+    }
+
+    fn content<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<MessageContent>, StoreError>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let row = client
+                .query_opt(
+                    "SELECT q.idempotency_key, b.trace, b.body
+                     FROM queue q LEFT JOIN message_body b ON b.queue_id = q.id
+                     WHERE q.id = $1",
+                    &[&id],
+                )
+                .await
+                .map_err(|e| classify(&e))?;
+            Ok(row.map(|r| {
+                let body: Option<Vec<u8>> = r.get(2);
+                MessageContent {
+                    idempotency_key: r.get(0),
+                    trace: r.get::<_, Option<String>>(1).unwrap_or_default(),
+                    body_kept: body.is_some(),
+                    body: body.unwrap_or_default(),
+                }
+            }))
         })
     }
 

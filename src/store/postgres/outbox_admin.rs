@@ -7,7 +7,9 @@ use tokio::sync::Mutex;
 use tokio_postgres::types::ToSql;
 
 use super::{EVENTS_CHANNEL, classify, connect_one};
-use crate::store::outbox::{DisabledEndpoint, EventStatus, OutboxAdmin};
+use crate::store::outbox::{
+    DisabledEndpoint, EndpointBacklog, EventStatus, OutboxAdmin, RECENT_FOR_ERRORS,
+};
 use crate::store::{BoxFuture, StoreError, UnixMillis};
 
 pub struct PgOutboxAdmin {
@@ -155,6 +157,68 @@ impl OutboxAdmin for PgOutboxAdmin {
                     reason: r.get::<_, Option<String>>(2).unwrap_or_default(),
                 })
                 .collect())
+        })
+    }
+
+    fn for_message<'a>(
+        &'a self,
+        queue_id: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<EventStatus>, StoreError>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        Box::pin(async move {
+            let client = self.client.lock().await;
+            let rows = client
+                .query(
+                    &format!(
+                        "SELECT {STATUS_COLUMNS} FROM webhook_outbox
+                         WHERE queue_id = $1 ORDER BY id DESC LIMIT $2"
+                    ),
+                    &[&queue_id, &limit],
+                )
+                .await
+                .map_err(|e| classify(&e))?;
+            Ok(rows.iter().map(event_status).collect())
+        })
+    }
+
+    fn backlog(
+        &self,
+        endpoints: Vec<String>,
+    ) -> BoxFuture<'_, Result<Vec<EndpointBacklog>, StoreError>> {
+        Box::pin(async move {
+            let client = self.client.lock().await;
+            let mut out = Vec::with_capacity(endpoints.len());
+            for endpoint in endpoints {
+                let row = client
+                    .query_one(
+                        "SELECT
+                           (SELECT COUNT(*) FROM webhook_outbox
+                            WHERE state IN ('pending', 'sending') AND endpoint = $1),
+                           (SELECT failing_since FROM webhook_endpoint WHERE name = $1),
+                           e.updated_at, e.last_error
+                         FROM (SELECT 1) one LEFT JOIN LATERAL (
+                           SELECT updated_at, last_error FROM (
+                             SELECT updated_at, last_error FROM webhook_outbox
+                             WHERE endpoint = $1 ORDER BY id DESC LIMIT $2
+                           ) recent WHERE last_error IS NOT NULL
+                           ORDER BY updated_at DESC LIMIT 1
+                         ) e ON true",
+                        &[&endpoint, &RECENT_FOR_ERRORS],
+                    )
+                    .await
+                    .map_err(|e| classify(&e))?;
+                let waiting: i64 = row.get(0);
+                let at: Option<i64> = row.get(2);
+                let error: Option<String> = row.get(3);
+                out.push(EndpointBacklog {
+                    endpoint,
+                    waiting: waiting.unsigned_abs(),
+                    failing_since: row.get(1),
+                    last_error: at.zip(error),
+                });
+            }
+            Ok(out)
         })
     }
 }

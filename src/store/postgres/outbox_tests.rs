@@ -490,3 +490,63 @@ async fn finished_events_are_purged_after_their_time() {
     );
     db.drop_db().await;
 }
+
+#[tokio::test]
+async fn the_console_reads_a_messages_events_and_each_endpoints_backlog() {
+    let db = TestDb::new().await;
+    let a = db.node("a").await;
+    let mut accepted = acceptance("C", None, "x");
+    accepted.events = ["hook", "other"]
+        .iter()
+        .enumerate()
+        .map(|(i, ep)| NewEvent {
+            queue_id: Some("C".into()),
+            ..event(&format!("C-{i}"), ep)
+        })
+        .collect();
+    a.commit(accepted).await.expect("commit");
+    let claimed = claim(&a, 60_000, 10, "hook").await;
+    a.record_event(attempt(
+        &claimed[0],
+        500,
+        EventNext::RetryAt(now_millis() + 60_000),
+    ))
+    .await
+    .expect("record");
+    let admin = PgOutboxAdmin::connect(&db.url(), None)
+        .await
+        .expect("admin");
+    let mut of_c: Vec<_> = admin
+        .for_message("C", 10)
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|e| e.webhook_id)
+        .collect();
+    of_c.sort();
+    assert_eq!(of_c, ["C-0", "C-1"]);
+    assert!(admin.for_message("D", 10).await.expect("events").is_empty());
+    let backlog = admin
+        .backlog(vec!["hook".into(), "other".into(), "none".into()])
+        .await
+        .expect("backlog");
+    let shown: Vec<_> = backlog
+        .iter()
+        .map(|b| {
+            (
+                b.endpoint.as_str(),
+                b.waiting,
+                b.failing_since.is_some(),
+                b.last_error.as_ref().map(|(_, e)| e.as_str()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("hook", 1, true, Some("HTTP 500")),
+            ("other", 1, false, None),
+            ("none", 0, false, None)
+        ]
+    );
+}

@@ -94,6 +94,11 @@ const MIGRATIONS: &[&str] = &[
     "DROP INDEX queue_finished;
      CREATE INDEX queue_finished ON queue (updated_at)
         WHERE state IN ('delivered', 'failed', 'expired', 'cancelled');",
+    // 4: the console's lookups: a message by its key (any workspace), a
+    //    workspace's messages newest first, a message's webhook events.
+    "CREATE INDEX queue_key ON queue (idempotency_key) WHERE idempotency_key IS NOT NULL;
+     CREATE INDEX queue_workspace ON queue (workspace, id);
+     CREATE INDEX webhook_outbox_queue ON webhook_outbox (queue_id) WHERE queue_id IS NOT NULL;",
 ];
 
 /// Serialises migrations across nodes (session advisory lock).

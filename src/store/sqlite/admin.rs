@@ -15,7 +15,7 @@ use super::inspect::{COLUMNS, attempts_on, status_from_row};
 use super::writer::{insert_events, insert_ledger};
 use super::{DB_FILE, classify};
 use crate::store::admin::{
-    AdminAction, AdminError, Change, Done, ListFilter, QueueAdmin, Record, decide,
+    AdminAction, AdminError, Change, Done, ListFilter, MessageContent, QueueAdmin, Record, decide,
 };
 use crate::store::{
     BoxFuture, MessageDetail, MessageState, MessageStatus, StoreError, UnixMillis, now_millis,
@@ -271,33 +271,83 @@ fn without_final_outcome(
     Ok(crate::store::admin::not_final(recipients, &latest))
 }
 
+/// The statement for `filter`, with only the conditions it sets: SQLite
+/// plans a statement before its values are bound, so a `?1 IS NULL OR`
+/// around a condition would keep it from using an index (the key's, or
+/// the primary key's range for the cursor). Paging walks the primary key.
+fn list_query(filter: ListFilter) -> (String, Vec<rusqlite::types::Value>) {
+    use rusqlite::types::Value;
+    let mut conditions: Vec<&str> = Vec::new();
+    let mut values: Vec<Value> = Vec::new();
+    let mut add = |condition, value: Value| {
+        conditions.push(condition);
+        values.push(value);
+    };
+    if let Some(state) = filter.state {
+        add("state = ?", Value::Text(state.as_str().to_owned()));
+    }
+    if let Some(workspace) = filter.workspace {
+        // With a key, the key's index must lead (a key has one or a few
+        // rows; a workspace may have millions): `+` keeps SQLite, which
+        // has no statistics here, from walking `queue_workspace` instead.
+        let condition = if filter.key.is_some() {
+            "+workspace = ?"
+        } else {
+            "workspace = ?"
+        };
+        add(condition, Value::Text(workspace));
+    }
+    if let Some(from) = filter.created_from {
+        add("created_at >= ?", Value::Integer(from));
+    }
+    if let Some(before) = filter.created_before {
+        add("created_at < ?", Value::Integer(before));
+    }
+    if let Some(key) = filter.key {
+        add("idempotency_key = ?", Value::Text(key));
+    }
+    if let Some(recipient) = filter.recipient {
+        add(
+            "instr(lower(recipients), lower(?)) > 0",
+            Value::Text(recipient),
+        );
+    }
+    if let Some(sender) = filter.sender {
+        add(
+            "instr(lower(reverse_path), lower(?)) > 0",
+            Value::Text(sender),
+        );
+    }
+    match (filter.after, filter.newest_first) {
+        (Some(after), true) => add("id < ?", Value::Text(after)),
+        (Some(after), false) => add("id > ?", Value::Text(after)),
+        (None, _) => {}
+    }
+    let order = if filter.newest_first { "DESC" } else { "ASC" };
+    let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+    values.push(Value::Integer(limit));
+    let condition = if conditions.is_empty() {
+        "1".to_owned()
+    } else {
+        conditions.join(" AND ")
+    };
+    (
+        format!("SELECT {COLUMNS} FROM queue WHERE {condition} ORDER BY id {order} LIMIT ?"),
+        values,
+    )
+}
+
 impl QueueAdmin for SqliteQueueAdmin {
     fn list(&self, filter: ListFilter) -> BoxFuture<'_, Result<Vec<MessageStatus>, StoreError>> {
         Box::pin(async move {
-            let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
             self.blocking(move |conn| {
-                conn.prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM queue
-                     WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR workspace = ?2)
-                       AND (?3 IS NULL OR created_at >= ?3) AND (?4 IS NULL OR created_at < ?4)
-                       AND id > ?5
-                     ORDER BY id LIMIT ?6"
-                ))
-                .and_then(|mut stmt| {
-                    stmt.query_map(
-                        params![
-                            filter.state.map(MessageState::as_str),
-                            filter.workspace,
-                            filter.created_from,
-                            filter.created_before,
-                            filter.after.unwrap_or_default(),
-                            limit
-                        ],
-                        status_from_row,
-                    )?
-                    .collect()
-                })
-                .map_err(classify)
+                let (sql, values) = list_query(filter);
+                conn.prepare_cached(&sql)
+                    .and_then(|mut stmt| {
+                        stmt.query_map(rusqlite::params_from_iter(values.iter()), status_from_row)?
+                            .collect()
+                    })
+                    .map_err(classify)
             })
             .await?
         })
@@ -318,6 +368,35 @@ impl QueueAdmin for SqliteQueueAdmin {
                     .ok_or_else(|| AdminError::NotFound(id.clone()))?;
                 let attempts = attempts_on(conn, &id).map_err(db)?;
                 Ok((status, attempts))
+            })
+            .await?
+        })
+    }
+
+    fn content<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<MessageContent>, StoreError>> {
+        let id = id.to_owned();
+        Box::pin(async move {
+            self.blocking(move |conn| {
+                conn.query_row(
+                    "SELECT q.idempotency_key, b.trace, b.body
+                     FROM queue q LEFT JOIN message_body b ON b.queue_id = q.id
+                     WHERE q.id = ?1",
+                    [&id],
+                    |r| {
+                        let body: Option<Vec<u8>> = r.get(2)?;
+                        Ok(MessageContent {
+                            idempotency_key: r.get(0)?,
+                            trace: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+                            body_kept: body.is_some(),
+                            body: body.unwrap_or_default(),
+                        })
+                    },
+                )
+                .optional()
+                .map_err(classify)
             })
             .await?
         })

@@ -11,8 +11,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params};
 use super::delivery_queue::read_blocking;
 use super::{DB_FILE, SqliteStore, classify, writer};
 use crate::store::outbox::{
-    DisabledEndpoint, EndpointHealth, EventAttempt, EventNext, EventStatus, OutboxAdmin,
-    OutboxEvent, WebhookOutbox,
+    DisabledEndpoint, EndpointBacklog, EndpointHealth, EventAttempt, EventNext, EventStatus,
+    OutboxAdmin, OutboxEvent, RECENT_FOR_ERRORS, WebhookOutbox,
 };
 use crate::store::{BoxFuture, StoreError, UnixMillis};
 
@@ -293,6 +293,18 @@ impl OutboxDb {
     }
 }
 
+impl OutboxDb {
+    /// A read on the connection, outside any write transaction (the
+    /// console's pages must not take the database's write lock).
+    fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
+        let conn = self
+            .conn
+            .lock()
+            .map_err(|_| StoreError::Transient("connection poisoned".into()))?;
+        f(&conn).map_err(classify)
+    }
+}
+
 pub(crate) fn event_status(r: &rusqlite::Row<'_>) -> rusqlite::Result<EventStatus> {
     Ok(EventStatus {
         webhook_id: r.get(0)?,
@@ -398,6 +410,68 @@ impl OutboxAdmin for OutboxDb {
                     })
                 })?
                 .collect()
+            })
+        })
+    }
+
+    fn for_message<'a>(
+        &'a self,
+        queue_id: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<EventStatus>, StoreError>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        Box::pin(async move {
+            self.read(|conn| {
+                conn.prepare_cached(&format!(
+                    "SELECT {STATUS_COLUMNS} FROM webhook_outbox
+                     WHERE queue_id = ?1 ORDER BY id DESC LIMIT ?2"
+                ))?
+                .query_map(params![queue_id, limit], event_status)?
+                .collect()
+            })
+        })
+    }
+
+    fn backlog(
+        &self,
+        endpoints: Vec<String>,
+    ) -> BoxFuture<'_, Result<Vec<EndpointBacklog>, StoreError>> {
+        Box::pin(async move {
+            self.read(|conn| {
+                let mut out = Vec::with_capacity(endpoints.len());
+                for endpoint in endpoints {
+                    let waiting: i64 = conn
+                        .prepare_cached(
+                            "SELECT COUNT(*) FROM webhook_outbox
+                             WHERE state IN ('pending', 'sending') AND endpoint = ?1",
+                        )?
+                        .query_row([&endpoint], |r| r.get(0))?;
+                    let failing_since: Option<i64> = conn
+                        .prepare_cached(
+                            "SELECT failing_since FROM webhook_endpoint WHERE name = ?1",
+                        )?
+                        .query_row([&endpoint], |r| r.get(0))
+                        .optional()?
+                        .flatten();
+                    let last_error = conn
+                        .prepare_cached(
+                            "SELECT updated_at, last_error FROM (
+                                SELECT updated_at, last_error FROM webhook_outbox
+                                WHERE endpoint = ?1 ORDER BY id DESC LIMIT ?2
+                             ) WHERE last_error IS NOT NULL ORDER BY updated_at DESC LIMIT 1",
+                        )?
+                        .query_row(params![endpoint, RECENT_FOR_ERRORS], |r| {
+                            Ok((r.get(0)?, r.get(1)?))
+                        })
+                        .optional()?;
+                    out.push(EndpointBacklog {
+                        endpoint,
+                        waiting: waiting.unsigned_abs(),
+                        failing_since,
+                        last_error,
+                    });
+                }
+                Ok(out)
             })
         })
     }

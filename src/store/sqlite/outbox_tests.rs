@@ -376,3 +376,60 @@ async fn purges_only_finished_events_and_wakes_the_sender() {
     assert_eq!(store.purge_events(200, 10).await.expect("purge"), 1);
     assert_eq!(count(&store, "SELECT COUNT(*) FROM webhook_outbox"), 1);
 }
+
+#[tokio::test]
+async fn the_console_reads_a_messages_events_and_each_endpoints_backlog() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = SqliteStore::open(dir.path()).expect("store");
+    let events = vec![event("msg_1", "e1", 100), event("msg_2", "e2", 100)];
+    store.commit(acceptance("k", events)).await.expect("commit");
+    let claimed = store
+        .claim_events(100, 1000, 10, names(&["e1"]))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 1);
+    let mut failed = attempt("msg_1", 110, EventNext::RetryAt(5000), Some(500));
+    failed.error = Some("HTTP 500".into());
+    store.record_event(failed).await.expect("record");
+
+    let admin = OutboxDb::open(dir.path()).expect("admin");
+    let mut of_q1: Vec<_> = admin
+        .for_message("Q1", 10)
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|e| e.webhook_id)
+        .collect();
+    of_q1.sort();
+    assert_eq!(of_q1, ["msg_1", "msg_2"]);
+    assert!(
+        admin
+            .for_message("Q2", 10)
+            .await
+            .expect("events")
+            .is_empty()
+    );
+    let backlog = admin
+        .backlog(names(&["e1", "e2", "e3"]))
+        .await
+        .expect("backlog");
+    let shown: Vec<_> = backlog
+        .iter()
+        .map(|b| {
+            (
+                b.endpoint.as_str(),
+                b.waiting,
+                b.failing_since,
+                b.last_error.as_ref().map(|(_, e)| e.as_str()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("e1", 1, Some(110), Some("HTTP 500")),
+            ("e2", 1, None, None),
+            ("e3", 0, None, None)
+        ]
+    );
+}

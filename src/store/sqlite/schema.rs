@@ -103,6 +103,11 @@ const MIGRATIONS: &[Migration] = &[
     //    the size (issue 24). Uniqueness is the writer's: it holds the
     //    write lock while it checks and inserts.
     Code(ledger_by_key_hash),
+    // 5: the console's lookups: a message by its key (any workspace), a
+    //    workspace's messages newest first, a message's webhook events.
+    Sql("CREATE INDEX queue_key ON queue(idempotency_key);
+     CREATE INDEX queue_workspace ON queue(workspace, id);
+     CREATE INDEX webhook_outbox_queue ON webhook_outbox(queue_id);"),
 ];
 
 pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<u32> {
@@ -214,7 +219,7 @@ mod tests {
             )
             .expect("old row");
         }
-        assert_eq!(migrate(&mut conn).expect("migrate"), 4);
+        assert_eq!(migrate(&mut conn).expect("migrate"), 5);
         let order: Vec<String> = conn
             .prepare("SELECT key FROM ledger ORDER BY id")
             .expect("prepare")
@@ -235,6 +240,6 @@ mod tests {
             "another workspace's key is another entry"
         );
         // Run again: nothing to do.
-        assert_eq!(migrate(&mut conn).expect("again"), 4);
+        assert_eq!(migrate(&mut conn).expect("again"), 5);
     }
 }
