@@ -266,12 +266,16 @@ async fn list_filters_and_paging(bed: &Bed) {
     assert_eq!(ids(&all(from).await), ["Q4"]);
 }
 
-/// A message with its own key, sender and recipient (the console's filters).
+/// A message with its own key, sender and recipient (the console's
+/// filters), accepted as `accept` does: with its ledger entry.
 async fn seed_keyed(bed: &Bed, id: &str, workspace: &str, key: &str, from: &str, to: &str) {
+    let mut entry = ledger(key, format!("250 queued as {id}").as_bytes());
+    entry.workspace = workspace.into();
+    entry.entry.queue_id = Some(id.into());
     let outcome = bed
         .store
         .commit(Acceptance {
-            ledger: None,
+            ledger: Some(entry),
             message: Some(NewMessage {
                 id: id.into(),
                 workspace: workspace.into(),

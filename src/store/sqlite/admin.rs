@@ -284,12 +284,19 @@ fn list_query(filter: ListFilter) -> (String, Vec<rusqlite::types::Value>) {
         values.push(value);
     };
     if let Some(state) = filter.state {
-        add("state = ?", Value::Text(state.as_str().to_owned()));
+        // With a key, the key leads here too: `queue_due` by state would
+        // walk every delivered row (165 ms at 300,000 rows, against 0.2).
+        let condition = if filter.key.is_some() {
+            "+state = ?"
+        } else {
+            "state = ?"
+        };
+        add(condition, Value::Text(state.as_str().to_owned()));
     }
     if let Some(workspace) = filter.workspace {
-        // With a key, the key's index must lead (a key has one or a few
-        // rows; a workspace may have millions): `+` keeps SQLite, which
-        // has no statistics here, from walking `queue_workspace` instead.
+        // With a key, the ledger's key index must lead (a key has one or
+        // a few rows; a workspace may have millions): `+` keeps SQLite,
+        // which has no statistics here, from walking `queue_workspace`.
         let condition = if filter.key.is_some() {
             "+workspace = ?"
         } else {
@@ -304,6 +311,13 @@ fn list_query(filter: ListFilter) -> (String, Vec<rusqlite::types::Value>) {
         add("created_at < ?", Value::Integer(before));
     }
     if let Some(key) = filter.key {
+        // Through the ledger's index of key hashes (any workspace): the
+        // key's entries while they live (`[idempotency] retention`), each
+        // naming its queue row; the queue row's own key confirms it.
+        add(
+            "id IN (SELECT queue_id FROM ledger WHERE key_hash = ?)",
+            Value::Integer(super::ledger_key::hash(&key)),
+        );
         add("idempotency_key = ?", Value::Text(key));
     }
     if let Some(recipient) = filter.recipient {
