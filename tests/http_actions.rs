@@ -344,3 +344,50 @@ async fn api_actions_follow_the_seeds_on_sqlite() {
 async fn api_actions_follow_the_seeds_on_postgres() {
     script(Store::Postgres(Arc::new(TestDb::create()))).await;
 }
+
+/// The action routes read their bodies as submissions do: more than 16 KiB
+/// is a 413 that stores nothing under the key, and a body that never
+/// finishes is a 408 at the request deadline.
+#[tokio::test]
+async fn action_bodies_are_bounded_and_timed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let d = Daemon::start(Options {
+        relay: Some("[relay]\nmode = \"smarthost\"\nsmarthost = \"127.0.0.1:9\"\ntls = \"none\"\npaused = true\n".into()),
+        extra: "[http]\naddr = \"127.0.0.1:0\"\n\n[limits]\ncommand_time_limit = \"1s\"\nmessage_time_limit = \"2s\"\n".into(),
+        store: Store::Sqlite,
+        ..Options::default()
+    });
+    let api = d.http.expect("http listener");
+    let alice = api_token("alice");
+    let id = submit(api, "bounded").await;
+    let path = format!("/v1/messages/{id}/hold");
+
+    let big = vec![b'x'; 17 * 1024];
+    let refused = action("POST", &path, &alice, Some("big-1"))
+        .body("application/json", &big)
+        .send(api)
+        .await;
+    assert_eq!(refused.status, 413, "{refused:?}");
+    assert_eq!(state_of(api, &id).await, "queued", "nothing done");
+    // Nothing was stored under the key: the same key with a small body acts.
+    let held = action("POST", &path, &alice, Some("big-1")).send(api).await;
+    assert_eq!(held.status, 200, "{held:?}");
+    assert!(!held.is_replay());
+    assert_eq!(state_of(api, &id).await, "held");
+
+    // A body that never finishes: 408 within the deadline, nothing done.
+    let mut slow = tokio::net::TcpStream::connect(api).await.expect("connect");
+    let head = format!(
+        "POST /v1/messages/{id}/release HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {alice}\r\n\
+         Idempotency-Key: slow-1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{"
+    );
+    slow.write_all(head.as_bytes()).await.expect("write");
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), slow.read(&mut buf))
+        .await
+        .expect("answered within 10 s")
+        .expect("read");
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert_eq!(state_of(api, &id).await, "held", "the release never ran");
+}
