@@ -146,7 +146,7 @@ pub(super) async fn render(
         section aria-labelledby="envelope-h" {
             h2 #envelope-h { "Envelope" }
             dl #envelope {
-                dt { "State" } dd #state { span.state class=(m.state.as_str()) { (m.state.as_str()) } }
+                dt { "State" } dd #state { span class={"state " (m.state.as_str())} { (m.state.as_str()) } }
                 dt { "Workspace" } dd { (m.workspace) }
                 dt { "Account" } dd { (m.account) }
                 dt { "From" } dd.addr { (m.reverse_path) }
@@ -192,8 +192,12 @@ pub(super) async fn render(
         }
         section aria-labelledby="headers-h" {
             h2 #headers-h { "Header section" }
-            pre #headers tabindex="0" { (String::from_utf8_lossy(head)) }
-            @if session.operator {
+            @if content.as_ref().is_some_and(|c| c.body_kept) {
+                pre #headers tabindex="0" { (String::from_utf8_lossy(head)) }
+            } @else {
+                p #headers { "The message's bytes are no longer stored: it was delivered to every recipient (see relay.keep_bodies)." }
+            }
+            @if session.operator && content.as_ref().is_some_and(|c| c.body_kept) {
                 @if body_shown {
                     h2 { "Body" }
                     pre #body tabindex="0" { (String::from_utf8_lossy(&rest[..rest.len().min(MAX_BODY_SHOWN)])) }

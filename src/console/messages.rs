@@ -211,7 +211,7 @@ fn table(rows: &[MessageStatus], operator: bool) -> Markup {
                     tr.message data-id=(m.id) {
                         td { a.message-link href={"/console/messages/" (m.id)} { code { (m.id) } } }
                         td { (time(m.created_at)) }
-                        td { span.state class=(m.state.as_str()) { (m.state.as_str()) } }
+                        td { span class={"state " (m.state.as_str())} { (m.state.as_str()) } }
                         @if operator { td { (m.workspace) } }
                         td.addr { (m.reverse_path) }
                         td.addr { (recipients(&m.recipients)) }

@@ -49,8 +49,11 @@ pub struct ListFilter {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MessageContent {
     pub idempotency_key: Option<String>,
+    /// Empty, with `body`, once the body is gone (delivered to every
+    /// recipient, without `relay.keep_bodies`).
     pub trace: String,
     pub body: Vec<u8>,
+    pub body_kept: bool,
 }
 
 /// An operator action on one message.

@@ -351,7 +351,7 @@ async fn console_filters_newest_first_and_content(bed: &Bed) {
     let content = admin.content("Q1").await.expect("content").expect("found");
     assert_eq!(content.idempotency_key.as_deref(), Some("k-1"));
     assert!(content.trace.contains("DKIM-Signature"));
-    assert!(content.body.starts_with(b"Subject: <b>t</b>"));
+    assert!(content.body.starts_with(b"Subject: <b>t</b>") && content.body_kept);
     assert!(admin.content("nope").await.expect("content").is_none());
 }
 

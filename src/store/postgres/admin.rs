@@ -378,15 +378,20 @@ impl QueueAdmin for PgQueueAdmin {
             let row = client
                 .query_opt(
                     "SELECT q.idempotency_key, b.trace, b.body
-                     FROM queue q JOIN message_body b ON b.queue_id = q.id WHERE q.id = $1",
+                     FROM queue q LEFT JOIN message_body b ON b.queue_id = q.id
+                     WHERE q.id = $1",
                     &[&id],
                 )
                 .await
                 .map_err(|e| classify(&e))?;
-            Ok(row.map(|r| MessageContent {
-                idempotency_key: r.get(0),
-                trace: r.get(1),
-                body: r.get(2),
+            Ok(row.map(|r| {
+                let body: Option<Vec<u8>> = r.get(2);
+                MessageContent {
+                    idempotency_key: r.get(0),
+                    trace: r.get::<_, Option<String>>(1).unwrap_or_default(),
+                    body_kept: body.is_some(),
+                    body: body.unwrap_or_default(),
+                }
             }))
         })
     }

@@ -382,13 +382,16 @@ impl QueueAdmin for SqliteQueueAdmin {
             self.blocking(move |conn| {
                 conn.query_row(
                     "SELECT q.idempotency_key, b.trace, b.body
-                     FROM queue q JOIN message_body b ON b.queue_id = q.id WHERE q.id = ?1",
+                     FROM queue q LEFT JOIN message_body b ON b.queue_id = q.id
+                     WHERE q.id = ?1",
                     [&id],
                     |r| {
+                        let body: Option<Vec<u8>> = r.get(2)?;
                         Ok(MessageContent {
                             idempotency_key: r.get(0)?,
-                            trace: r.get(1)?,
-                            body: r.get(2)?,
+                            trace: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+                            body_kept: body.is_some(),
+                            body: body.unwrap_or_default(),
                         })
                     },
                 )
