@@ -73,8 +73,8 @@ async function shot(page, name, fullPage = true) {
 function watch(page) {
   page.on("pageerror", (e) => problems.push(`page error on ${page.url()}: ${e.message}`));
   page.on("console", (m) => {
-    // The 403/404 pages the test asks for on purpose log a failed load.
-    if (m.type() === "error" && !/status of (403|404)/.test(m.text())) {
+    // The 401/403/404 pages the test asks for on purpose log a failed load.
+    if (m.type() === "error" && !/status of (401|403|404)/.test(m.text())) {
       problems.push(`console error on ${page.url()}: ${m.text()}`);
     }
   });
