@@ -112,7 +112,6 @@ stop() {
 FILL_COLUMNS="id, workspace, account, reverse_path, recipients, idempotency_key, size, state, attempts, next_attempt_at, last_error, created_at, updated_at"
 fill_sqlite() {
   sqlite3 "$WORKDIR/data/smtp-once.db" <<SQL
-PRAGMA journal_mode = WAL;
 BEGIN;
 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $ROWS),
   t(now) AS (SELECT CAST(strftime('%s', 'now') AS INTEGER) * 1000)
@@ -179,7 +178,7 @@ time_query() {
   for i in $(seq "$ROUNDS"); do
     curl -sS -o "$out" -b "$jar" -w '%{http_code} %{time_total}\n' "$url" >> "$WORKDIR/times"
     if [ "$i" = 1 ]; then
-      rows=$(grep -o '<tr class="message"' "$out" | wc -l)
+      rows=$({ grep -o '<tr class="message"' "$out" || true; } | wc -l)
       if [ "$rows" -lt "$min" ] || [ "$rows" -gt "$max" ]; then
         echo "console_list.sh: $label shows $rows rows, expected $min..$max" >&2
         exit 1
@@ -220,12 +219,12 @@ run_queries() {
   time_query "deep page (after= the middle)" alice "/console/messages?after=$middle" 50 50
   time_query "state = deferred" alice "/console/messages?state=deferred" 50 50
   time_query "state = failed, deep page" alice "/console/messages?state=failed&after=$middle" 50 50
-  time_query "key (one message)" alice "/console/messages?key=bench-key-500001" 1 1
+  time_query "key (one message)" alice "/console/messages?key=bench-key-$((ROWS / 2 + 1))" 1 1
   time_query "recipient, a domain (1% of rows)" alice "/console/messages?recipient=%40example7.net" 50 50
-  time_query "recipient, one address (20 rows)" alice "/console/messages?recipient=user4241%40example41.net" 20 20
+  time_query "recipient, one address (rare)" alice "/console/messages?recipient=user4241%40example41.net" 1 50
   time_query "sender" alice "/console/messages?sender=sender3%40" 50 50
-  time_query "age 1h (~1,200 rows)" alice "/console/messages?age=1h" 50 50
-  time_query "age 1m (~20 rows)" alice "/console/messages?age=1m" 1 50
+  time_query "age 1h" alice "/console/messages?age=1h" 1 50
+  time_query "age 1m" alice "/console/messages?age=1m" 0 50
   time_query "first page (operator, all workspaces)" olga "/console/messages" 50 50
   time_query "operator, workspace globex" olga "/console/messages?workspace=globex" 50 50
 }
@@ -245,7 +244,7 @@ bench_sqlite() {
 bench_postgres() {
   rm -rf "$WORKDIR" && mkdir -p "$WORKDIR"
   command -v psql >/dev/null || { echo "console_list.sh: psql is needed" >&2; exit 1; }
-  psql "$PG_URL/postgres" -qAtc "DROP DATABASE IF EXISTS $PG_DB" >/dev/null
+  psql "$PG_URL/postgres" -qAtc "DROP DATABASE IF EXISTS $PG_DB" >/dev/null 2>&1
   psql "$PG_URL/postgres" -qAtc "CREATE DATABASE $PG_DB" >/dev/null
   write_config "[store]
 backend = \"postgres\"

@@ -91,7 +91,14 @@ fn daemon(store: Store, hop: &Tiny, receiver: &Receiver) -> Daemon {
 }
 
 /// Submits through the API as `user`; the queue id.
-async fn submit(http: SocketAddr, user: &str, from: &str, to: &str, subject: &str, key: &str) -> String {
+async fn submit(
+    http: SocketAddr,
+    user: &str,
+    from: &str,
+    to: &str,
+    subject: &str,
+    key: &str,
+) -> String {
     let message = format!(
         "From: <{from}>\r\nTo: <{to}>\r\nSubject: {subject}\r\nMessage-ID: <{key}@example.test>\r\n\r\n\
          Hello from the console's browser test.\r\n"
@@ -121,7 +128,10 @@ async fn wait_state(http: SocketAddr, user: &str, id: &str, wants: &str) {
         if r.json()["state"] == wants {
             return;
         }
-        assert!(tokio::time::Instant::now() < deadline, "{id}: never {wants}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{id}: never {wants}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -226,7 +236,11 @@ async fn browse(store: Store, label: &str, core_only: bool) {
         .find_map(|l| l.strip_prefix("RESULT "))
         .map(|j| serde_json::from_str(j).expect("RESULT is JSON"))
         .unwrap_or_else(|| panic!("no RESULT line:\n{stdout}"));
-    assert_eq!(result["id"], id.as_str(), "the browser found another message");
+    assert_eq!(
+        result["id"],
+        id.as_str(),
+        "the browser found another message"
+    );
 
     let mut expected = vec![
         "login",
