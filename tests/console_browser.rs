@@ -252,6 +252,7 @@ async fn browse(store: Store, label: &str, core_only: bool) {
         "confirm-hold",
         "message-held",
         "message-events",
+        "events",
         "not-found",
     ];
     if !core_only {

@@ -251,8 +251,11 @@ async function run(browser) {
     await page.waitForTimeout(500);
     await page.reload();
   }
-  await page.locator("#events-h").scrollIntoViewIfNeeded();
   await shot(page, "message-events");
+  // The events section alone, for the docs.
+  const events = join(shots, `${label}events.png`);
+  await page.locator("section", { has: page.locator("table#events") }).screenshot({ path: events });
+  taken.push(events);
 
   step = "sign out";
   await page.click("button#sign-out");
