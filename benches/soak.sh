@@ -36,6 +36,7 @@
 #   SOAK_RELAY=paused SOAK_KEYS=sequential SOAK_MINUTES=3 SOAK_WINDOW=30 benches/soak.sh
 #   SOAK_STORE=postgres benches/soak.sh
 #   SOAK_MESSAGES=2000000 SOAK_WINDOW_MESSAGES=300000 SOAK_RELAY=paused benches/soak.sh
+#   SOAK_EXPIRED=10000000 SOAK_RELAY=paused SOAK_MINUTES=5 SOAK_WINDOW=30 benches/soak.sh
 #
 # Settings (environment):
 #   SOAK_MINUTES=10        run length (ignored when SOAK_MESSAGES is set)
@@ -48,6 +49,9 @@
 #   SOAK_CONNS=32          bench connections
 #   SOAK_SIZE=1024         message size in bytes
 #   SOAK_RELAY_EXTRA=      more TOML lines for [relay], e.g. 'workers = 200'
+#   SOAK_EXPIRED=0         expired ledger entries written before the load
+#                          (e.g. 10000000): the purge (every 1 s) removes them
+#                          while the load runs; purged/s shows its rate
 #   SOAK_DRAIN_TIMEOUT=600 seconds to wait for the backlog after the load (0: don't)
 #   SOAK_RESULTS=file      also append the window lines (TSV) there
 #   BIN=target/release/smtp-once   (built by you: the script does not build)
@@ -70,6 +74,7 @@ SOAK_KEYS=${SOAK_KEYS:-uuid}
 SOAK_CONNS=${SOAK_CONNS:-32}
 SOAK_SIZE=${SOAK_SIZE:-1024}
 SOAK_RELAY_EXTRA=${SOAK_RELAY_EXTRA:-}
+SOAK_EXPIRED=${SOAK_EXPIRED:-0}
 SOAK_DRAIN_TIMEOUT=${SOAK_DRAIN_TIMEOUT:-600}
 SOAK_RESULTS=${SOAK_RESULTS:-}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
@@ -83,7 +88,7 @@ say() { printf '[soak %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { say "ERROR: $*"; exit 1; }
 is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
 
-for v in SOAK_MINUTES SOAK_WINDOW SOAK_CONNS SOAK_SIZE SOAK_DRAIN_TIMEOUT; do
+for v in SOAK_MINUTES SOAK_WINDOW SOAK_CONNS SOAK_SIZE SOAK_DRAIN_TIMEOUT SOAK_EXPIRED; do
   is_uint "${!v}" || die "$v must be a whole number, got '${!v}'"
 done
 [ "$SOAK_WINDOW" -gt 0 ] || die "SOAK_WINDOW must be at least 1"
@@ -154,6 +159,9 @@ max_connections = 1000
 shutdown_grace = "5s"
 $server_extra
 
+[idempotency]
+purge_interval = "1s"
+
 [[listener]]
 addr = "127.0.0.1:$SMTP_PORT"
 tls = "none"
@@ -214,11 +222,47 @@ store_size() {
 
 now_s() { date +%s.%N; }
 
+# SOAK_EXPIRED ledger entries that expired long ago, written straight into
+# the store the daemon made (stopped meanwhile), as a full window's worth of
+# traffic would leave them: random keys, a stored reply each. The indexes
+# are dropped and built again around the insert (minutes, not hours).
+write_expired() {
+  say "writing $SOAK_EXPIRED expired ledger entries"
+  if [ "$SOAK_STORE" = sqlite ]; then
+    sqlite3 "$DATA/smtp-once.db" <<SQL >/dev/null
+PRAGMA journal_mode = WAL;
+DROP INDEX ledger_key; DROP INDEX ledger_expiry;
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $SOAK_EXPIRED)
+INSERT INTO ledger (key_hash, workspace, key, fingerprint, reply, queue_id, created_at, expires_at)
+SELECT random(), 'bench', lower(hex(randomblob(16))), randomblob(32),
+       CAST('250 2.0.0 Ok: queued as EXPIRED' || i AS BLOB), 'EXPIRED' || i, 1000000 + i, 2000000 + i FROM n;
+CREATE INDEX ledger_key ON ledger(key_hash);
+CREATE INDEX ledger_expiry ON ledger(expires_at);
+PRAGMA wal_checkpoint(TRUNCATE);
+SQL
+  else
+    psql "$PG_URL/$PG_DB" -X -q -v ON_ERROR_STOP=1 <<SQL >/dev/null
+INSERT INTO ledger (workspace, key, fingerprint, reply, queue_id, created_at, expires_at)
+SELECT 'bench', md5(random()::text), decode(md5(i::text) || md5(i::text), 'hex'),
+       convert_to('250 2.0.0 Ok: queued as EXPIRED' || i, 'UTF8'), 'EXPIRED' || i, 1000000 + i, 2000000 + i
+FROM generate_series(1, $SOAK_EXPIRED) AS i;
+VACUUM ANALYZE ledger;
+SQL
+  fi
+}
+
 say "smtp-once: $BIN; store $SOAK_STORE, relay $SOAK_RELAY, keys $SOAK_KEYS, $SOAK_CONNS connections, $SOAK_SIZE-byte messages"
 say "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg): other work on it shows in every figure"
 [ "$SOAK_RELAY" = paused ] || start_sink
 write_config
 start_daemon
+if [ "$SOAK_EXPIRED" -gt 0 ]; then
+  stop_daemon
+  started=$(now_s)
+  write_expired
+  say "written in $(awk -v a="$(now_s)" -v b="$started" 'BEGIN { printf "%.0f", a - b }') s"
+  start_daemon
+fi
 say "daemon pid $DAEMON_PID (perf record -g -p $DAEMON_PID), work dir $WORKDIR"
 
 if [ -n "$SOAK_MESSAGES" ]; then
@@ -229,10 +273,10 @@ else
   say "$SOAK_MINUTES min in $windows windows of $SOAK_WINDOW s"
 fi
 
-HEADER=$(printf '%-6s %9s %9s %9s %7s %7s %7s %9s %10s %10s %10s %11s' \
-  window 'accept/s' 'relay/s' 'p99 ms' 'rss MiB' 'db MiB' 'wal MiB' queue accepted relayed 'wr KiB/msg' 'jobs/commit')
+HEADER=$(printf '%-6s %9s %9s %9s %7s %7s %7s %9s %10s %10s %10s %11s %9s' \
+  window 'accept/s' 'relay/s' 'p99 ms' 'rss MiB' 'db MiB' 'wal MiB' queue accepted relayed 'wr KiB/msg' 'jobs/commit' 'purged/s')
 echo "$HEADER"
-[ -z "$SOAK_RESULTS" ] || printf 'store\trelay\tkeys\twindow\tseconds\taccepted_per_s\trelayed_per_s\tp99_ms\trss_mib\tdb_mib\twal_mib\tqueue\taccepted\trelayed\twritten_kib_per_msg\tjobs_per_commit\n' >> "$SOAK_RESULTS"
+[ -z "$SOAK_RESULTS" ] || printf 'store\trelay\tkeys\twindow\tseconds\taccepted_per_s\trelayed_per_s\tp99_ms\trss_mib\tdb_mib\twal_mib\tqueue\taccepted\trelayed\twritten_kib_per_msg\tjobs_per_commit\tpurged_per_s\n' >> "$SOAK_RESULTS"
 
 scrape
 relayed0=$(delivered)
@@ -244,6 +288,9 @@ prev_relayed=$relayed0
 prev_written=$(written_bytes)
 prev_jobs=$(metric smtp_once_commit_batch_jobs_sum)
 prev_commits=$(metric smtp_once_commit_batch_jobs_count)
+prev_purged=$(metric smtp_once_ledger_purged_total)
+purged0=$prev_purged
+purge_done=""
 sent=0
 for w in $(seq 1 "$windows"); do
   if [ -n "$SOAK_MESSAGES" ]; then
@@ -265,15 +312,19 @@ for w in $(seq 1 "$windows"); do
   written=$(written_bytes)
   jobs=$(metric smtp_once_commit_batch_jobs_sum)
   commits=$(metric smtp_once_commit_batch_jobs_count)
+  purged=$(metric smtp_once_ledger_purged_total)
+  if [ "$SOAK_EXPIRED" -gt 0 ] && [ -z "$purge_done" ] && [ $((purged - purged0)) -ge "$SOAK_EXPIRED" ]; then
+    purge_done=$(awk -v a="$t" -v b="$run_start" 'BEGIN { print a - b }')
+  fi
   # Every field of the window, tab-separated: the TSV row and the printed line.
   row=$(awk -v w="$w" -v a="$accepted" -v s="$seconds" -v r=$((relayed - prev_relayed)) \
     -v t="$t" -v t0="$prev_t" -v p="$p99" -v rss="$(rss_mib)" \
     -v db="$db" -v wal="$wal" -v q="$(queue_depth)" -v ta="$total_accepted" -v tr=$((relayed - relayed0)) -v wb=$((written - prev_written)) \
-    -v jb=$((jobs - prev_jobs)) -v cm=$((commits - prev_commits)) \
+    -v jb=$((jobs - prev_jobs)) -v cm=$((commits - prev_commits)) -v pg=$((purged - prev_purged)) \
     'BEGIN { OFS = "\t"; print w, s, sprintf("%.0f", a / s), sprintf("%.0f", r / (t - t0)), sprintf("%.1f", p), rss, db, wal, q, ta, tr,
-             sprintf("%.1f", a ? wb / a / 1024 : 0), sprintf("%.1f", cm ? jb / cm : 0) }')
+             sprintf("%.1f", a ? wb / a / 1024 : 0), sprintf("%.1f", cm ? jb / cm : 0), sprintf("%.0f", pg / (t - t0)) }')
   IFS=$'\t' read -r -a f <<< "$row"
-  printf '%-6s %9s %9s %9s %7s %7s %7s %9s %10s %10s %10s %11s\n' "${f[0]}" "${f[@]:2}"
+  printf '%-6s %9s %9s %9s %7s %7s %7s %9s %10s %10s %10s %11s %9s\n' "${f[0]}" "${f[@]:2}"
   [ -z "$SOAK_RESULTS" ] || printf '%s\t%s\t%s\t%s\n' "$SOAK_STORE" "$SOAK_RELAY" "$SOAK_KEYS" "$row" >> "$SOAK_RESULTS"
   [ "$errors" = 0 ] || say "window $w: $errors connection errors"
   [ "$accepted" = "$messages" ] || say "window $w: $((messages - accepted)) of $messages refused"
@@ -282,6 +333,7 @@ for w in $(seq 1 "$windows"); do
   prev_written=$written
   prev_jobs=$jobs
   prev_commits=$commits
+  prev_purged=$purged
 done
 load_end=$(now_s)
 scrape
@@ -291,6 +343,14 @@ echo
 awk -v a="$total_accepted" -v r="$relayed_at_end" -v s="$elapsed" -v e="$total_errors" 'BEGIN {
   printf "load: %.0f s, %d accepted (%.0f/s), %d connection errors\n", s, a, a / s, e
   printf "relayed when the load stopped: %d (%.0f/s), relayed/accepted %.3f\n", r, r / s, (a ? r / a : 0) }'
+if [ "$SOAK_EXPIRED" -gt 0 ]; then
+  if [ -n "$purge_done" ]; then
+    awk -v n="$SOAK_EXPIRED" -v s="$purge_done" -v a="$total_accepted" -v l="$elapsed" 'BEGIN {
+      printf "purge: %d expired entries gone within %.0f s (the window that saw the last): %.0f/s, %.1fx the acceptance rate of the run\n", n, s, n / s, (n / s) / (a / l) }'
+  else
+    say "purge: $(( prev_purged - purged0 )) of $SOAK_EXPIRED expired entries removed when the load stopped"
+  fi
+fi
 
 if [ "$SOAK_RELAY" = sink ] && [ "$SOAK_DRAIN_TIMEOUT" -gt 0 ]; then
   say "waiting up to $SOAK_DRAIN_TIMEOUT s for the backlog ($((total_accepted - relayed_at_end)) messages) to reach the sink"

@@ -21,12 +21,13 @@
 //! - Ground floor, imported by all and importing none of the above:
 //!   [`address`], [`message`], [`submission`], [`content_check`],
 //!   [`event_type`], [`time`], [`clock`], [`tls`], [`net`], [`metrics`],
-//!   [`private_fs`], [`fd_limit`], [`terminal`].
+//!   [`private_fs`], [`fd_limit`], [`terminal`], [`backlog`].
 //! - [`send`]: `smtp-once send`, a client that uses only the ground floor.
 
 pub mod accept;
 pub mod address;
 pub mod auth;
+pub mod backlog;
 pub mod budget;
 pub mod cli;
 pub mod clock;

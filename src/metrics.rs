@@ -175,6 +175,9 @@ pub struct Metrics {
     connections_active: Gauge,
     connections: Counter,
     auth_failures: Family<AuthFailureLabels, Counter>,
+    backlog_messages: Gauge,
+    inflow_wait_seconds: Counter<f64, AtomicU64>,
+    ledger_purged: Counter,
 }
 
 impl Default for Metrics {
@@ -259,8 +262,30 @@ impl Metrics {
             "Failed authentications by channel (smtp: AUTH, http: API key) and reason (invalid, ip_banned, account_locked)",
             auth_failures.clone(),
         );
+        let backlog_messages = Gauge::default();
+        registry.register(
+            "backlog_messages",
+            "Messages waiting for delivery (queued or delivering) as this node estimates them: acceptance waits while it is over [relay] max_backlog",
+            backlog_messages.clone(),
+        );
+        let inflow_wait_seconds = Counter::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "inflow_wait",
+            "Time acceptances spent waiting for room in the relay's backlog ([relay] in_flow_delay)",
+            Unit::Seconds,
+            inflow_wait_seconds.clone(),
+        );
+        let ledger_purged = Counter::default();
+        registry.register(
+            "ledger_purged",
+            "Expired ledger entries removed by the housekeeping purge",
+            ledger_purged.clone(),
+        );
         let metrics = Metrics {
             registry,
+            ledger_purged,
+            backlog_messages,
+            inflow_wait_seconds,
             submissions,
             submission_seconds,
             commit_batch,
@@ -375,6 +400,23 @@ impl Metrics {
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         self.oldest_queued_seconds.set(oldest_seconds);
+    }
+
+    /// The backlog estimate an acceptance last compared with its limit.
+    pub fn backlog(&self, messages: u64) {
+        self.backlog_messages
+            .set(i64::try_from(messages).unwrap_or(i64::MAX));
+    }
+
+    /// An acceptance waited this long for room in the backlog.
+    pub fn inflow_wait(&self, seconds: f64) {
+        self.inflow_wait_seconds.inc_by(seconds);
+    }
+
+    /// Expired ledger entries removed by one purge batch.
+    pub fn ledger_purged(&self, entries: usize) {
+        self.ledger_purged
+            .inc_by(u64::try_from(entries).unwrap_or(u64::MAX));
     }
 
     /// How long the last read of the queue's depth took.
@@ -598,7 +640,7 @@ mod tests {
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE ")?.split_once(' '))
             .collect();
-        assert_eq!(typed.len(), 11, "one TYPE per family:\n{text}");
+        assert_eq!(typed.len(), 14, "one TYPE per family:\n{text}");
         for (name, kind) in &typed {
             assert!(text.contains(&format!("# HELP {name} ")), "{name}");
             assert_eq!(

@@ -460,12 +460,56 @@ async fn script(store: Store) {
     let page = text(&alice.get(http, &format!("/console/messages/{id}")).await);
     assert!(page.contains("message.held") && page.contains("message.released"));
 
+    // Filters by age; paging by cursor, newest first, 50 a page.
+    assert!(text(&alice.get(http, "/console/messages?age=1h").await).contains(&id));
+    let bad_age = alice.get(http, "/console/messages?age=soon").await;
+    assert_eq!(bad_age.status, 400);
+    for i in 0..50 {
+        submit(http, &format!("page {i}"), &format!("page-{i}")).await;
+    }
+    let first = text(&alice.get(http, "/console/messages").await);
+    assert!(
+        !first.contains(&format!("data-id=\"{id}\"")),
+        "the oldest is on page 2"
+    );
+    let marker = "id=\"next-page\" href=\"";
+    let at = first.find(marker).expect("a next page") + marker.len();
+    let next = first[at..]
+        .split('"')
+        .next()
+        .expect("href")
+        .replace("&amp;", "&");
+    assert!(next.contains("after="), "{next}");
+    let second = text(&alice.get(http, &next).await);
+    assert!(second.contains(&format!("data-id=\"{id}\"")), "{second}");
+    assert!(!second.contains("id=\"next-page\""));
+    // A form posted without a session: to the sign-in page, nothing done.
+    let anonymous = Request::new("POST", &hold)
+        .body(FORM, &form(&[("csrf", "x"), ("idempotency_key", "a1")]))
+        .send(http)
+        .await;
+    assert_eq!(anonymous.status, 303);
+
     // The operator: every workspace, the body on request, the overview
     // and webhook pages.
     let olga = sign_in(http, &[("account", "olga"), ("password", "olga-pw")]).await;
-    let listed = text(&olga.get(http, "/console/messages?workspace=acme").await);
+    let listed = text(
+        &olga
+            .get(
+                http,
+                "/console/messages?workspace=acme&key=console-%3Ck1%3E",
+            )
+            .await,
+    );
     assert!(listed.contains(&id) && listed.contains("name=\"workspace\""));
-    let none = text(&olga.get(http, "/console/messages?workspace=globex").await);
+    let none = text(
+        &olga
+            .get(
+                http,
+                "/console/messages?workspace=globex&key=console-%3Ck1%3E",
+            )
+            .await,
+    );
     assert!(!none.contains(&format!("data-id=\"{id}\"")));
     let body = text(
         &olga

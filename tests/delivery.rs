@@ -875,6 +875,7 @@ async fn worker_on(
         config,
         store,
         smtp_once::webhook::Router::default(),
+        Arc::new(smtp_once::backlog::Backlog::unlimited()),
         clock,
     )
     .await

@@ -15,9 +15,7 @@ use std::time::Duration;
 use common::http::{Request, Response};
 use common::pg::TestDb;
 use common::webhook::{Receiver, endpoint_toml, secret};
-use common::{Daemon, Options, Store, api_token, spawn_server, wait_until};
-use tokio::io::AsyncWriteExt;
-use tokio::sync::watch;
+use common::{Daemon, Options, Store, api_token, stalling_next_hop, wait_until};
 
 const RAW: &str = "message/rfc822";
 const OPERATOR_TOKEN: &str = "so_test_token_of_olga_the_operator";
@@ -45,21 +43,6 @@ fn operator_user() -> String {
          role = \"operator\"\napi_key_hash = \"{}\"\n",
         sha256_hex(OPERATOR_TOKEN)
     )
-}
-
-/// A next hop that holds every connection open, saying nothing, until
-/// `open` turns true; then it closes each one at once (the attempt is
-/// deferred, retried in an hour).
-fn stalling_next_hop() -> (u16, watch::Sender<bool>) {
-    let (open, opened) = watch::channel(false);
-    let addr = spawn_server("127.0.0.1:0", move |mut stream: tokio::net::TcpStream| {
-        let mut opened = opened.clone();
-        async move {
-            let _ = opened.wait_for(|o| *o).await;
-            let _ = stream.shutdown().await;
-        }
-    });
-    (addr.port(), open)
 }
 
 async fn submit(api: std::net::SocketAddr, subject: &str) -> String {

@@ -24,6 +24,7 @@ mod sign;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backlog::Backlog;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Limits;
 use crate::content_check::check_content;
@@ -77,6 +78,8 @@ pub struct Acceptor {
     trace: TraceOptions,
     /// "Now" for ledger lookups and the times stamped on what is stored.
     clock: Arc<dyn Clock>,
+    /// The relay's backlog: a new message waits for room before its commit.
+    backlog: Arc<Backlog>,
 }
 
 /// A key that passed validation, with the request's fingerprint.
@@ -115,7 +118,15 @@ impl Acceptor {
             dkim: Arc::new(Signers::default()),
             trace: TraceOptions::default(),
             clock: Arc::new(SystemClock),
+            backlog: Arc::new(Backlog::unlimited()),
         })
+    }
+
+    /// New messages wait (at most its `in_flow_delay`) while `backlog` is
+    /// over its limit, and count into it once committed.
+    pub fn with_backlog(mut self, backlog: Arc<Backlog>) -> Self {
+        self.backlog = backlog;
+        self
     }
 
     /// Reads "now" from `clock` instead of the system's (tests drive
@@ -387,8 +398,15 @@ impl Acceptor {
                 created_at: now,
             }),
         };
+        // Before the commit, not before the parse: the wait holds only this
+        // client, and what it waits for is the relay, not the store.
+        let waited = self.backlog.room().await;
+        if !waited.is_zero() {
+            metrics::global().inflow_wait(waited.as_secs_f64());
+        }
         match self.store.commit(acceptance).await {
             Ok(CommitOutcome::Committed) => {
+                self.backlog.accepted();
                 // Only now: an event of a transaction that failed was
                 // never written, and is never sent.
                 routed.handover.committed();

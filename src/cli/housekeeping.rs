@@ -48,9 +48,14 @@ async fn purge_loop(
         }
         // Small batches keep each write transaction short, so acceptances
         // never queue behind a large delete.
+        let started = tokio::time::Instant::now();
+        let mut purged = 0usize;
         loop {
             match store.purge_expired(now_millis(), BATCH).await {
-                Ok(n) if n > 0 => tracing::debug!(purged = n, "expired ledger entries removed"),
+                Ok(n) if n > 0 => {
+                    purged += n;
+                    crate::metrics::global().ledger_purged(n);
+                }
                 Ok(_) => break,
                 Err(e) => {
                     tracing::warn!(error = %e, "ledger purge failed");
@@ -60,6 +65,10 @@ async fn purge_loop(
             if *shutdown.borrow() {
                 return;
             }
+        }
+        if purged > 0 {
+            let seconds = started.elapsed().as_secs_f64();
+            tracing::info!(purged, seconds, "expired ledger entries removed");
         }
     }
 }

@@ -8,18 +8,20 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::LogFormat;
 use super::housekeeping::LedgerPurge;
 use crate::accept::Acceptor;
 use crate::auth::{AuthError, Authenticator, NewAccount};
+use crate::backlog::Backlog;
 use crate::config::{Config, StoreBackend};
 use crate::delivery::Worker;
 use crate::metrics_http::MetricsServer;
 use crate::server::Server;
 use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::sqlite::SqliteStore;
-use crate::store::{DeliveryQueue, StatusReader, Store, WebhookOutbox};
+use crate::store::{DeliveryQueue, MessageState, StatusReader, Store, WebhookOutbox};
 
 pub(super) fn serve(path: PathBuf, log_format: LogFormat) -> Result<(), String> {
     super::logging::init(log_format);
@@ -108,7 +110,11 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
     let router = crate::webhook::Router::new(&config.webhooks).with_handoff(handoff);
     // The worker first: a delivery setting that cannot work (DNS, TLS
     // roots, outbox folder) stops the daemon before it accepts mail.
-    let worker = Worker::start(config, store.clone(), router.clone())
+    let backlog = Arc::new(Backlog::new(
+        config.delivery.max_backlog,
+        config.delivery.in_flow_delay,
+    ));
+    let worker = Worker::start(config, store.clone(), router.clone(), backlog.clone())
         .await
         .map_err(|e| e.to_string())?;
     let webhooks = crate::webhook::Sender::start(
@@ -147,7 +153,9 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
         ),
         None => None,
     };
-    let acceptor = Arc::new(acceptor(config, store.clone(), router.clone())?);
+    let acceptor =
+        Arc::new(acceptor(config, store.clone(), router.clone())?.with_backlog(backlog.clone()));
+    let counting = count_backlog(store.clone(), backlog);
     let http = match &config.http {
         Some(settings) => {
             // The API's queue actions on their own connection, as the
@@ -194,6 +202,9 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
     let _ = std::io::stdout().flush();
     stop.await;
     tracing::info!("stopping: finishing in-flight transactions and deliveries");
+    if let Some(counting) = counting {
+        counting.abort();
+    }
     let http_stopped = async {
         if let Some(http) = http {
             http.shutdown().await;
@@ -214,6 +225,45 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
         metrics.shutdown().await;
     }
     Ok(())
+}
+
+/// How often the store is counted for the backlog: between counts this
+/// node's own acceptances and attempts move the estimate.
+const BACKLOG_COUNT_EVERY: Duration = Duration::from_secs(2);
+
+/// Counts `queued` + `delivering` into `backlog` until aborted (nothing to
+/// count when it has no limit).
+fn count_backlog(
+    store: Arc<dyn Store>,
+    backlog: Arc<Backlog>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if backlog.limit() == 0 {
+        return None;
+    }
+    Some(tokio::spawn(async move {
+        let mut every = tokio::time::interval(BACKLOG_COUNT_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            match store.queue_depth().await {
+                Ok(depth) => {
+                    let waiting = depth
+                        .counts
+                        .iter()
+                        .filter(|(state, _)| {
+                            matches!(state, MessageState::Queued | MessageState::Delivering)
+                        })
+                        .map(|(_, n)| n)
+                        .sum();
+                    backlog.resample(waiting);
+                    crate::metrics::global().backlog(waiting);
+                }
+                // The last estimate stands; the store's trouble shows on
+                // /readyz and in the acceptances themselves.
+                Err(e) => tracing::debug!(error = %e, "backlog: cannot count the queue"),
+            }
+        }
+    }))
 }
 
 /// The acceptance pipeline for a node's configuration, shared by every

@@ -47,6 +47,13 @@ pub struct RawRelay {
     /// Accept and queue, deliver nothing (maintenance, or measuring
     /// acceptance alone); the queue is delivered once unset and restarted.
     pub paused: bool,
+    /// Messages waiting for delivery (queued or delivering) above which a
+    /// new message waits before it is accepted (0: never wait).
+    pub max_backlog: u64,
+    /// The longest such a wait lasts (Postfix's `in_flow_delay`): then the
+    /// message is accepted anyway, so a stalled relay slows clients down
+    /// without refusing them.
+    pub in_flow_delay: String,
     /// Messages sent over one outbound connection before it is closed
     /// (1: a new connection for every message).
     pub max_messages_per_connection: usize,
@@ -91,6 +98,11 @@ impl Default for RawRelay {
             max_per_destination: 20,
             pool_size: None,
             paused: false,
+            // About ten seconds of the relay's work on this machine: enough
+            // to keep every worker busy, little enough that acceptance
+            // follows delivery within seconds.
+            max_backlog: 20_000,
+            in_flow_delay: "1s".into(),
             max_messages_per_connection: 100,
             connection_idle_timeout: "30s".into(),
             lease: "30m".into(),
@@ -127,6 +139,9 @@ pub struct Delivery {
     pub max_per_destination: usize,
     pub pool_size: usize,
     pub paused: bool,
+    /// 0 when paused: nothing would make room.
+    pub max_backlog: u64,
+    pub in_flow_delay: Duration,
     pub max_messages_per_connection: usize,
     pub connection_idle_timeout: Duration,
     pub lease: Duration,
@@ -241,6 +256,12 @@ pub(super) fn check_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Del
         .map_or(Duration::ZERO, |d| {
             p.duration("relay.delivery_test_pause_after_send", d)
         });
+    let in_flow_delay = p.duration("relay.in_flow_delay", &r.in_flow_delay);
+    // A client waits for its reply meanwhile: well within any client's
+    // end-of-data timeout (RFC 5321 suggests 10 minutes).
+    if in_flow_delay > Duration::from_secs(60) {
+        p.add("relay.in_flow_delay", "must be at most 60s");
+    }
     Delivery {
         retry_schedule,
         max_age,
@@ -250,6 +271,8 @@ pub(super) fn check_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Del
         max_per_destination: r.max_per_destination,
         pool_size: r.pool_size.unwrap_or(r.max_per_destination),
         paused: r.paused,
+        max_backlog: if r.paused { 0 } else { r.max_backlog },
+        in_flow_delay,
         max_messages_per_connection: r.max_messages_per_connection,
         connection_idle_timeout,
         lease,

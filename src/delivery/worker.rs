@@ -21,6 +21,7 @@ use super::outgoing::Outgoing;
 use super::plan::{self, Outcome, Plan, Policy};
 use super::transport::Transport;
 use super::{DeliveryError, RcptResult, Status};
+use crate::backlog::Backlog;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::message::key_header::KeyHeaders;
@@ -63,6 +64,9 @@ struct Ctx {
     /// "Now" for claims, leases, attempt times and the retry schedule.
     /// The loop's waits stay on tokio's timer.
     clock: Arc<dyn Clock>,
+    /// The relay's backlog: each attempt that takes a message out of
+    /// `queued`/`delivering` makes room for an acceptance.
+    backlog: Arc<Backlog>,
 }
 
 fn millis(d: Duration) -> i64 {
@@ -77,8 +81,9 @@ impl Worker {
         config: &Config,
         queue: Arc<dyn DeliveryQueue>,
         webhooks: Router,
+        backlog: Arc<Backlog>,
     ) -> Result<Worker, DeliveryError> {
-        Self::start_with_clock(config, queue, webhooks, Arc::new(SystemClock)).await
+        Self::start_with_clock(config, queue, webhooks, backlog, Arc::new(SystemClock)).await
     }
 
     /// `start`, reading "now" from `clock` (tests drive leases and the
@@ -88,6 +93,7 @@ impl Worker {
         config: &Config,
         queue: Arc<dyn DeliveryQueue>,
         webhooks: Router,
+        backlog: Arc<Backlog>,
         clock: Arc<dyn Clock>,
     ) -> Result<Worker, DeliveryError> {
         let transport = Transport::from_config(config)?;
@@ -112,6 +118,7 @@ impl Worker {
             webhooks,
             key_headers: KeyHeaders::new(config.key_headers.iter().cloned()),
             clock,
+            backlog,
         });
         if !ctx.test_pause.is_zero() {
             tracing::warn!(pause = ?ctx.test_pause, "relay.delivery_test_pause_after_send is set: TEST ONLY");
@@ -569,6 +576,9 @@ async fn record(ctx: &Arc<Ctx>, outcome: AttemptOutcome) -> bool {
     loop {
         match ctx.queue.record(outcome.clone()).await {
             Ok(Some(state)) => {
+                if !matches!(state, MessageState::Queued | MessageState::Delivering) {
+                    ctx.backlog.finished();
+                }
                 if failures > 0 {
                     tracing::warn!(queue_id = %id, failures, "delivery recorded after failed tries");
                 }

@@ -537,6 +537,21 @@ where
 
 /// For the tests' own SMTP servers: the DATA body up to the lone dot,
 /// dot-unstuffed; `None` if the client hung up first.
+/// A next hop that holds every connection open, saying nothing, until
+/// `open` turns true; then it closes each one at once (the attempt is
+/// deferred).
+pub(crate) fn stalling_next_hop() -> (u16, tokio::sync::watch::Sender<bool>) {
+    let (open, opened) = tokio::sync::watch::channel(false);
+    let addr = spawn_server("127.0.0.1:0", move |mut stream: tokio::net::TcpStream| {
+        let mut opened = opened.clone();
+        async move {
+            let _ = opened.wait_for(|o| *o).await;
+            let _ = tokio::io::AsyncWriteExt::shutdown(&mut stream).await;
+        }
+    });
+    (addr.port(), open)
+}
+
 pub(crate) async fn read_data_body<R: tokio::io::AsyncBufRead + Unpin>(
     r: &mut R,
 ) -> std::io::Result<Option<Vec<u8>>> {

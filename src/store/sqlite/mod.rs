@@ -7,6 +7,7 @@ mod checkpoint;
 mod delivery_queue;
 mod identity;
 mod inspect;
+mod ledger_key;
 mod outbox;
 mod probe;
 mod schema;
@@ -272,9 +273,9 @@ fn lookup_on(
 ) -> rusqlite::Result<Option<LedgerEntry>> {
     conn.prepare_cached(
         "SELECT fingerprint, reply, queue_id, created_at, expires_at FROM ledger
-         WHERE workspace = ?1 AND key = ?2 AND expires_at > ?3",
+         WHERE key_hash = ?4 AND workspace = ?1 AND key = ?2 AND expires_at > ?3",
     )?
-    .query_row(params![workspace, key, now], |row| {
+    .query_row(params![workspace, key, now, ledger_key::hash(key)], |row| {
         let fp: Vec<u8> = row.get(0)?;
         let mut fingerprint = [0u8; 32];
         if fp.len() == 32 {

@@ -1,13 +1,20 @@
 //! Schema migrations, applied in order and recorded in `schema_version`.
 
-use rusqlite::Connection;
+use rusqlite::{Connection, Transaction, params};
+
+/// One schema step: SQL, or code where SQL cannot compute a column.
+enum Migration {
+    Sql(&'static str),
+    Code(fn(&Transaction<'_>) -> rusqlite::Result<()>),
+}
+use Migration::{Code, Sql};
 
 /// Each entry upgrades the schema by one version. Never edit a released
 /// entry: append a new one.
-const MIGRATIONS: &[&str] = &[
+const MIGRATIONS: &[Migration] = &[
     // 1: the outbound queue (state apart from the body, so state updates
     //    don't rewrite message bytes) and the idempotency ledger.
-    "CREATE TABLE queue (
+    Sql("CREATE TABLE queue (
         id TEXT PRIMARY KEY,
         workspace TEXT NOT NULL,
         account TEXT NOT NULL,
@@ -39,11 +46,11 @@ const MIGRATIONS: &[&str] = &[
         expires_at INTEGER NOT NULL,
         PRIMARY KEY (workspace, key)
      ) WITHOUT ROWID;
-     CREATE INDEX ledger_expiry ON ledger(expires_at);",
+     CREATE INDEX ledger_expiry ON ledger(expires_at);"),
     // 2: every delivery attempt, one row per recipient. A recipient whose
     //    latest row is delivered, failed or expired is done; the others are
     //    still pending, so a retry never resends to a delivered recipient.
-    "CREATE TABLE delivery_attempt (
+    Sql("CREATE TABLE delivery_attempt (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         queue_id TEXT NOT NULL REFERENCES queue(id) ON DELETE CASCADE,
         recipient TEXT NOT NULL,
@@ -52,14 +59,14 @@ const MIGRATIONS: &[&str] = &[
         reply TEXT NOT NULL,
         next_hop TEXT
      );
-     CREATE INDEX delivery_attempt_queue ON delivery_attempt(queue_id, id);",
+     CREATE INDEX delivery_attempt_queue ON delivery_attempt(queue_id, id);"),
     // 3: the webhook outbox, one row per event and endpoint, written in the
     //    transaction of the state change it reports; and each endpoint's
     //    health (failing since, disabled).
     //    Plain rowid, not AUTOINCREMENT (which writes sqlite_sequence on
     //    every insert): an id is reused only after the newest row was
     //    purged, and purged rows are finished, held by no sender.
-    "CREATE TABLE webhook_outbox (
+    Sql("CREATE TABLE webhook_outbox (
         id INTEGER PRIMARY KEY,
         webhook_id TEXT NOT NULL,
         endpoint TEXT NOT NULL,
@@ -85,12 +92,22 @@ const MIGRATIONS: &[&str] = &[
         failing_since INTEGER,
         disabled_at INTEGER,
         disabled_reason TEXT
-     );",
-    // 4: the console's lookups: a message by its key (any workspace), a
+     );"),
+    // 4: the ledger's rows in the order they are written (rowid), found
+    //    through a narrow index of a 64-bit hash of (workspace, key).
+    //    Keyed by (workspace, key) itself, every insert of a random key
+    //    (UUID v4, as clients send them) dirtied its own leaf of a tree
+    //    the size of the whole ledger, which the WAL and then the
+    //    checkpoint wrote in full; rows appended in order fill pages
+    //    whole, and the 16-byte index entries keep that tree an eighth of
+    //    the size (issue 24). Uniqueness is the writer's: it holds the
+    //    write lock while it checks and inserts.
+    Code(ledger_by_key_hash),
+    // 5: the console's lookups: a message by its key (any workspace), a
     //    workspace's messages newest first, a message's webhook events.
-    "CREATE INDEX queue_key ON queue(idempotency_key);
+    Sql("CREATE INDEX queue_key ON queue(idempotency_key);
      CREATE INDEX queue_workspace ON queue(workspace, id);
-     CREATE INDEX webhook_outbox_queue ON webhook_outbox(queue_id);",
+     CREATE INDEX webhook_outbox_queue ON webhook_outbox(queue_id);"),
 ];
 
 pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<u32> {
@@ -101,9 +118,12 @@ pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<u32> {
         })?
         .unwrap_or(0);
     let mut version = current;
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+    for (i, step) in MIGRATIONS.iter().enumerate().skip(current as usize) {
         let tx = conn.transaction()?;
-        tx.execute_batch(sql)?;
+        match step {
+            Sql(sql) => tx.execute_batch(sql)?,
+            Code(run) => run(&tx)?,
+        }
         version = u32::try_from(i + 1).unwrap_or(u32::MAX);
         tx.execute(
             "INSERT INTO schema_version (version) VALUES (?1)",
@@ -112,4 +132,114 @@ pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<u32> {
         tx.commit()?;
     }
     Ok(version)
+}
+
+/// Migration 4: the ledger rebuilt in acceptance order with `key_hash`.
+fn ledger_by_key_hash(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "ALTER TABLE ledger RENAME TO ledger_by_key;
+         DROP INDEX ledger_expiry;
+         CREATE TABLE ledger (
+            id INTEGER PRIMARY KEY,
+            key_hash INTEGER NOT NULL,
+            workspace TEXT NOT NULL,
+            key TEXT NOT NULL,
+            fingerprint BLOB NOT NULL,
+            reply BLOB NOT NULL,
+            queue_id TEXT,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL
+         );",
+    )?;
+    {
+        let mut read = tx.prepare(
+            "SELECT workspace, key, fingerprint, reply, queue_id, created_at, expires_at
+             FROM ledger_by_key ORDER BY created_at",
+        )?;
+        let mut write = tx.prepare(
+            "INSERT INTO ledger (key_hash, workspace, key, fingerprint, reply, queue_id,
+                                 created_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )?;
+        let mut rows = read.query([])?;
+        while let Some(r) = rows.next()? {
+            let workspace: String = r.get(0)?;
+            let key: String = r.get(1)?;
+            write.execute(params![
+                super::ledger_key::hash(&key),
+                workspace,
+                key,
+                r.get::<_, Vec<u8>>(2)?,
+                r.get::<_, Vec<u8>>(3)?,
+                r.get::<_, Option<String>>(4)?,
+                r.get::<_, i64>(5)?,
+                r.get::<_, i64>(6)?
+            ])?;
+        }
+    }
+    // Indexes after the copy: built once from sorted input.
+    tx.execute_batch(
+        "CREATE INDEX ledger_key ON ledger(key_hash);
+         CREATE INDEX ledger_expiry ON ledger(expires_at);
+         DROP TABLE ledger_by_key;",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A database made by a binary before migration 4 keeps every ledger
+    /// entry, found by its key through the new index, in acceptance order.
+    #[test]
+    fn migration_4_keeps_every_ledger_entry() {
+        let mut conn = Connection::open_in_memory().expect("db");
+        conn.execute_batch("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+            .expect("version table");
+        for (i, step) in MIGRATIONS.iter().enumerate().take(3) {
+            let Sql(sql) = step else {
+                panic!("steps 1-3 are SQL")
+            };
+            conn.execute_batch(sql).expect("old step");
+            conn.execute(
+                "INSERT INTO schema_version VALUES (?1)",
+                [i64::try_from(i + 1).expect("small")],
+            )
+            .expect("version");
+        }
+        for (key, created) in [("b-key", 2_000), ("a-key", 1_000), ("c-key", 3_000)] {
+            conn.execute(
+                "INSERT INTO ledger VALUES ('default', ?1, ?2, ?3, 'Q1', ?4, ?4 + 10800000)",
+                params![
+                    key,
+                    vec![7u8; 32],
+                    format!("250 {key}").into_bytes(),
+                    created
+                ],
+            )
+            .expect("old row");
+        }
+        assert_eq!(migrate(&mut conn).expect("migrate"), 5);
+        let order: Vec<String> = conn
+            .prepare("SELECT key FROM ledger ORDER BY id")
+            .expect("prepare")
+            .query_map([], |r| r.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert_eq!(order, ["a-key", "b-key", "c-key"]);
+        let found = super::super::lookup_on(&conn, "default", "b-key", 5_000)
+            .expect("lookup")
+            .expect("entry");
+        assert_eq!(found.reply, b"250 b-key");
+        assert_eq!(found.fingerprint, [7u8; 32]);
+        assert!(
+            super::super::lookup_on(&conn, "other", "b-key", 5_000)
+                .expect("lookup")
+                .is_none(),
+            "another workspace's key is another entry"
+        );
+        // Run again: nothing to do.
+        assert_eq!(migrate(&mut conn).expect("again"), 5);
+    }
 }
