@@ -106,9 +106,19 @@ stop() {
   PID=""
 }
 
-# The rows: n = 1..ROWS, in acceptance order. Ids: 15 characters that sort
-# as n does (zero-padded decimal, then "BNCH"; digits are Crockford base32
-# too), all older than the daemon's own ids.
+# The rows: n = 1..ROWS, in acceptance order, created_at spread over the
+# last 30 days. Ids as the daemon makes them (src/store/queue_id.rs): 11
+# Crockford base32 characters of the acceptance time in microseconds, then
+# a 4-character process tag ("BNCH"), so they sort by time as real ones do.
+ALPHABET=0123456789ABCDEFGHJKMNPQRSTVWXYZ
+# id_sql MICROS_EXPR CAST: the SQL expression of the id.
+id_sql() {
+  local k expr=""
+  for k in 10 9 8 7 6 5 4 3 2 1 0; do
+    expr+="substr('$ALPHABET', CAST((($1) >> $((5 * k))) & 31 AS $2) + 1, 1) || "
+  done
+  echo "${expr}'BNCH'"
+}
 FILL_COLUMNS="id, workspace, account, reverse_path, recipients, idempotency_key, size, state, attempts, next_attempt_at, last_error, created_at, updated_at"
 fill_sqlite() {
   sqlite3 "$WORKDIR/data/smtp-once.db" <<SQL
@@ -116,7 +126,7 @@ BEGIN;
 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $ROWS),
   t(now) AS (SELECT CAST(strftime('%s', 'now') AS INTEGER) * 1000)
 INSERT INTO queue ($FILL_COLUMNS)
-SELECT printf('%011dBNCH', i),
+SELECT $(id_sql "(now - ($ROWS - i) * (2592000000 / $ROWS)) * 1000" INTEGER),
        CASE WHEN i % 10 = 0 THEN 'globex' ELSE 'acme' END,
        CASE WHEN i % 10 = 0 THEN 'carol' ELSE 'alice' END,
        'sender' || (i % 7) || '@example.test',
@@ -137,7 +147,7 @@ SQL
 fill_postgres() {
   psql "$PG_URL/$PG_DB" -qAt -v ON_ERROR_STOP=1 <<SQL
 INSERT INTO queue ($FILL_COLUMNS)
-SELECT lpad(i::text, 11, '0') || 'BNCH',
+SELECT $(id_sql "(now - ($ROWS - i) * (2592000000 / $ROWS)) * 1000" int),
        CASE WHEN i % 10 = 0 THEN 'globex' ELSE 'acme' END,
        CASE WHEN i % 10 = 0 THEN 'carol' ELSE 'alice' END,
        'sender' || (i % 7) || '@example.test',
