@@ -7,7 +7,8 @@
 //! hold and release through their confirmation pages, the webhook events
 //! on the message page, sign out; another workspace cannot see or act on
 //! it; posts without the form token are refused; the operator's overview
-//! and webhook pages; the list and the message on a phone's screen.
+//! and webhook pages; the list and the message on a phone's screen, where
+//! a message submitted meanwhile appears in the open list by its refresh.
 //! Screenshots go to `target/console-screenshots/`.
 //!
 //! Needs node, `tests/console/node_modules` (`npm ci --prefix
@@ -215,6 +216,8 @@ async fn browse(store: Store, label: &str, core_only: bool) {
         .env("CONSOLE_ACCOUNT_1", "alice:alice-pw")
         .env("CONSOLE_ACCOUNT_2", "carol:carol-pw")
         .env("CONSOLE_OPERATOR", "olga:olga-pw")
+        .env("CONSOLE_API_TOKEN_1", api_token("alice"))
+        .env("CONSOLE_API_FROM_1", "alice@example.test")
         .env("CONSOLE_CHROMIUM", CHROMIUM)
         .env("CONSOLE_LABEL", label)
         .env("CONSOLE_CORE_ONLY", if core_only { "1" } else { "0" })

@@ -10,9 +10,12 @@
 //   CONSOLE_ACCOUNT_1    account:password of a workspace account
 //   CONSOLE_ACCOUNT_2    account:password of another workspace's account
 //   CONSOLE_OPERATOR     account:password of an operator account
+//   CONSOLE_API_TOKEN_1  ACCOUNT_1's API key, and CONSOLE_API_FROM_1 a sender
+//                       it may use (the phone pass submits a message and
+//                       waits for the open list to show it)
 // Optional: CONSOLE_CHROMIUM (default /usr/bin/chromium), CONSOLE_LABEL
 // (a prefix for the screenshots' names, e.g. "pg-"), CONSOLE_CORE_ONLY=1
-// (skip the operator pages and the phone pass).
+// (skip the operator pages and the phone pass; no API key needed).
 //
 // Prints `RESULT {json}` last: the message's queue id and the screenshots.
 
@@ -44,6 +47,9 @@ const operator = account("CONSOLE_OPERATOR");
 const executablePath = process.env.CONSOLE_CHROMIUM || "/usr/bin/chromium";
 const label = process.env.CONSOLE_LABEL || "";
 const coreOnly = process.env.CONSOLE_CORE_ONLY === "1";
+// For the phone pass's refresh check (not needed with CONSOLE_CORE_ONLY=1).
+const apiToken = coreOnly ? "" : need("CONSOLE_API_TOKEN_1");
+const apiFrom = coreOnly ? "" : need("CONSOLE_API_FROM_1");
 mkdirSync(shots, { recursive: true });
 
 let step = "start";
@@ -79,6 +85,19 @@ function watch(page) {
     }
   });
   return page;
+}
+
+/// Submits a message as ACCOUNT_1 through the HTTP API; its queue id.
+async function submit(key) {
+  const to = "ann@example.net";
+  const r = await fetch(`${base}/v1/messages?from=${encodeURIComponent(apiFrom)}&to=${encodeURIComponent(to)}`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${apiToken}`, "Idempotency-Key": key, "Content-Type": "message/rfc822" },
+    body: `From: <${apiFrom}>\r\nTo: <${to}>\r\nSubject: Submitted while the list is open\r\n\r\nHello.\r\n`,
+  });
+  const text = await r.text();
+  check(r.status === 202, `the API answered ${r.status} to a submission: ${text}`);
+  return JSON.parse(text).id;
 }
 
 async function signIn(page, who, { keyboard = false } = {}) {
@@ -345,8 +364,16 @@ async function run(browser) {
     check(wide <= 390 + 1, `the list page is ${wide} px wide on a 390 px screen (the page scrolls sideways)`);
     await shot(p, "phone-list", false);
     step = "phone list refreshes itself";
+    // A message submitted now (through the API) shows up in the open list
+    // by the page's own refresh, without a reload.
+    await p.evaluate(() => {
+      window.__notReloaded = true;
+    });
+    const fresh = await submit(`refresh-${Date.now()}`);
     const refreshed = await p.waitForResponse((r) => r.url().includes("fragment=1"), { timeout: 15_000 });
     check(refreshed.status() === 200, `the list's refresh answered ${refreshed.status()}`);
+    await p.locator(`tr.message[data-id="${fresh}"]`).waitFor({ timeout: 25_000 });
+    check(await p.evaluate(() => window.__notReloaded === true), "the list was reloaded, not refreshed in place");
     step = "phone message";
     await p.locator(`tr.message[data-id="${id}"] a.message-link`).click();
     await p.waitForURL(`${base}/console/messages/${id}`);
