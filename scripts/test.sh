@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine too: installs what the tests need
-# (swaks, openssl and promtool, from Debian's packages; schemathesis,
-# standardwebhooks, dkimpy and pynacl, from PyPI), then runs every test.
+# (swaks, openssl, promtool and chromium, from Debian's packages;
+# playwright-core, from npm; schemathesis, standardwebhooks, dkimpy and
+# pynacl, from PyPI), then runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,6 +54,15 @@ if ! python3 -c 'import dkim, nacl' >/dev/null 2>&1; then
 fi
 
 apt_need openssl openssl
+
+# tests/console_browser.rs drives Debian's chromium with playwright-core
+# (pinned in tests/console/package-lock.json; it downloads no browser of
+# its own); it fails (does not skip) without either.
+apt_need chromium /usr/bin/chromium
+if [ ! -d tests/console/node_modules/playwright-core ]; then
+  echo "scripts/test.sh: installing tests/console's node packages" >&2
+  npm ci --prefix tests/console --no-audit --no-fund --silent
+fi
 
 # tests/metrics.rs pipes /metrics into `promtool check metrics`; it fails
 # (does not skip) without it. Only promtool is wanted: no recommended

@@ -91,9 +91,12 @@ pub(super) fn secure_headers(h: &mut axum::http::HeaderMap) {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
+    // Not `no-referrer`: under it a browser sends `Origin: null` with the
+    // console's own form posts, and the sign-in's Origin check refuses them.
+    // `same-origin` still tells no other site the console's URLs.
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
 }
 
