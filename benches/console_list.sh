@@ -119,6 +119,12 @@ id_sql() {
   done
   echo "${expr}'BNCH'"
 }
+# The messages of the last 3 hours (what the ledger holds), and the key the
+# key filter looks for: one of them, as a key search is for recent mail.
+LEDGER_ROWS=$(( ROWS * 3 / (30 * 24) + 1 ))
+KEY_ROW=$(( ROWS - LEDGER_ROWS / 2 ))
+[ $((KEY_ROW % 10)) -ne 0 ] || KEY_ROW=$((KEY_ROW - 1))   # alice's workspace
+KEY_HASH=$(python3 -c 'import hashlib, struct, sys; print(struct.unpack(">q", hashlib.sha256(sys.argv[1].encode()).digest()[:8])[0])' "bench-key-$KEY_ROW")
 FILL_COLUMNS="id, workspace, account, reverse_path, recipients, idempotency_key, size, state, attempts, next_attempt_at, last_error, created_at, updated_at"
 fill_sqlite() {
   sqlite3 "$WORKDIR/data/smtp-once.db" <<SQL
@@ -140,6 +146,19 @@ SELECT $(id_sql "(now - ($ROWS - i) * (2592000000 / $ROWS)) * 1000" INTEGER),
        CASE WHEN i % 100 IN (1, 2) THEN '451 4.7.1 try again later' ELSE NULL END,
        now - ($ROWS - i) * (2592000000 / $ROWS),
        now - ($ROWS - i) * (2592000000 / $ROWS)
+FROM n, t;
+-- The ledger as acceptance leaves it: an entry for each message of the
+-- last 3 hours (the retention), older ones purged. SQLite finds a key
+-- through it (src/store/sqlite/ledger_key.rs): random hashes, except the
+-- searched key's, which is the daemon's own.
+WITH RECURSIVE n(i) AS (SELECT $((ROWS - LEDGER_ROWS + 1)) UNION ALL SELECT i + 1 FROM n WHERE i < $ROWS),
+  t(now) AS (SELECT CAST(strftime('%s', 'now') AS INTEGER) * 1000)
+INSERT INTO ledger (key_hash, workspace, key, fingerprint, reply, queue_id, created_at, expires_at)
+SELECT CASE WHEN i = $KEY_ROW THEN $KEY_HASH ELSE random() END,
+       CASE WHEN i % 10 = 0 THEN 'globex' ELSE 'acme' END, 'bench-key-' || i, randomblob(32),
+       CAST('250 2.0.0 Ok: queued' AS BLOB),
+       $(id_sql "(now - ($ROWS - i) * (2592000000 / $ROWS)) * 1000" INTEGER),
+       now - ($ROWS - i) * (2592000000 / $ROWS), now - ($ROWS - i) * (2592000000 / $ROWS) + 10800000
 FROM n, t;
 COMMIT;
 SQL
@@ -229,7 +248,7 @@ run_queries() {
   time_query "deep page (after= the middle)" alice "/console/messages?after=$middle" 50 50
   time_query "state = deferred" alice "/console/messages?state=deferred" 50 50
   time_query "state = failed, deep page" alice "/console/messages?state=failed&after=$middle" 50 50
-  time_query "key (one message)" alice "/console/messages?key=bench-key-$((ROWS / 2 + 1))" 1 1
+  time_query "key (one message)" alice "/console/messages?key=bench-key-$KEY_ROW" 1 1
   time_query "recipient, a domain (1% of rows)" alice "/console/messages?recipient=%40example7.net" 50 50
   time_query "recipient, one address (rare)" alice "/console/messages?recipient=user4241%40example41.net" 1 50
   time_query "sender" alice "/console/messages?sender=sender3%40" 50 50
