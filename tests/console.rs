@@ -17,27 +17,9 @@ use std::time::Duration;
 use common::http::{Request, Response};
 use common::pg::TestDb;
 use common::webhook::{Receiver, closed_port, endpoint_toml, secret};
-use common::{Daemon, Options, Store, api_token, wait_until};
+use common::{Daemon, Options, Store, api_token, operator_user, wait_until};
 
 const FORM: &str = "application/x-www-form-urlencoded";
-const OPERATOR_TOKEN: &str = "so_test_token_of_olga_the_operator";
-
-fn sha256_hex(text: &str) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-fn operator_user() -> String {
-    let hash = smtp_once::auth::hash_password("olga-pw").expect("hash");
-    format!(
-        "\n[[user]]\nname = \"olga\"\npassword_hash = \"{hash}\"\nworkspace = \"ops\"\n\
-         role = \"operator\"\napi_key_hash = \"{}\"\n",
-        sha256_hex(OPERATOR_TOKEN)
-    )
-}
 
 /// A daemon with the console on, its next hop refusing connections (each
 /// message is deferred for an hour after its first attempt).

@@ -15,34 +15,17 @@ use std::time::Duration;
 use common::http::{Request, Response};
 use common::pg::TestDb;
 use common::webhook::{Receiver, endpoint_toml, secret};
-use common::{Daemon, Options, Store, api_token, stalling_next_hop, wait_until};
+use common::{
+    Daemon, OPERATOR_TOKEN, Options, Store, api_token, operator_user, stalling_next_hop, wait_until,
+};
 
 const RAW: &str = "message/rfc822";
-const OPERATOR_TOKEN: &str = "so_test_token_of_olga_the_operator";
 
 fn raw_message(subject: &str) -> Vec<u8> {
     format!(
         "From: Alice <alice@example.test>\r\nTo: r@example.net\r\nSubject: {subject}\r\n\r\nHello.\r\n"
     )
     .into_bytes()
-}
-
-fn sha256_hex(text: &str) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// An operator account (workspace `ops`) beside the usual test users.
-fn operator_user() -> String {
-    let hash = smtp_once::auth::hash_password("olga-pw").expect("hash");
-    format!(
-        "\n[[user]]\nname = \"olga\"\npassword_hash = \"{hash}\"\nworkspace = \"ops\"\n\
-         role = \"operator\"\napi_key_hash = \"{}\"\n",
-        sha256_hex(OPERATOR_TOKEN)
-    )
 }
 
 async fn submit(api: std::net::SocketAddr, subject: &str) -> String {

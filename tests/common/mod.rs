@@ -389,6 +389,21 @@ pub(crate) fn api_token(user: &str) -> String {
     format!("so_test_token_of_{user}")
 }
 
+/// The API token of `olga`, the operator account `operator_user` adds.
+pub(crate) const OPERATOR_TOKEN: &str = "so_test_token_of_olga_the_operator";
+
+/// An operator account (`role = "operator"`, workspace `ops`, password
+/// `olga-pw`, API key `OPERATOR_TOKEN`) beside the usual test users: TOML
+/// to append to a config.
+pub(crate) fn operator_user() -> String {
+    let hash = smtp_once::auth::hash_password("olga-pw").expect("hash");
+    format!(
+        "\n[[user]]\nname = \"olga\"\npassword_hash = \"{hash}\"\nworkspace = \"ops\"\n\
+         role = \"operator\"\napi_key_hash = \"{}\"\n",
+        api_key_hash(OPERATOR_TOKEN)
+    )
+}
+
 fn api_key_hash(token: &str) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(token.as_bytes())
