@@ -151,15 +151,13 @@ FROM n, t;
 -- last 3 hours (the retention), older ones purged. SQLite finds a key
 -- through it (src/store/sqlite/ledger_key.rs): random hashes, except the
 -- searched key's, which is the daemon's own.
-WITH RECURSIVE n(i) AS (SELECT $((ROWS - LEDGER_ROWS + 1)) UNION ALL SELECT i + 1 FROM n WHERE i < $ROWS),
-  t(now) AS (SELECT CAST(strftime('%s', 'now') AS INTEGER) * 1000)
+-- (queue rows were written in order into an empty table: rowid i is row i)
+WITH RECURSIVE n(i) AS (SELECT $((ROWS - LEDGER_ROWS + 1)) UNION ALL SELECT i + 1 FROM n WHERE i < $ROWS)
 INSERT INTO ledger (key_hash, workspace, key, fingerprint, reply, queue_id, created_at, expires_at)
 SELECT CASE WHEN i = $KEY_ROW THEN $KEY_HASH ELSE random() END,
        CASE WHEN i % 10 = 0 THEN 'globex' ELSE 'acme' END, 'bench-key-' || i, randomblob(32),
-       CAST('250 2.0.0 Ok: queued' AS BLOB),
-       $(id_sql "(now - ($ROWS - i) * (2592000000 / $ROWS)) * 1000" INTEGER),
-       now - ($ROWS - i) * (2592000000 / $ROWS), now - ($ROWS - i) * (2592000000 / $ROWS) + 10800000
-FROM n, t;
+       CAST('250 2.0.0 Ok: queued' AS BLOB), q.id, q.created_at, q.created_at + 10800000
+FROM n JOIN queue q ON q.rowid = n.i;
 COMMIT;
 SQL
 }

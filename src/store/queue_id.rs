@@ -34,6 +34,18 @@ pub fn next() -> String {
     id
 }
 
+/// A lower bound of the ids of messages accepted at or after `at_ms` (Unix
+/// milliseconds): the time part alone, which sorts before every id that
+/// starts with it. Ids carry the accepting process's clock, rows their
+/// `created_at`: callers take a margin and keep the exact time condition,
+/// the bound only narrows the index range an age filter walks.
+pub fn lower_bound(at_ms: i64) -> String {
+    let micros = u64::try_from(at_ms.max(0))
+        .unwrap_or(0)
+        .saturating_mul(1000);
+    encode(micros, 11)
+}
+
 fn encode(mut value: u64, width: usize) -> String {
     let mut out = vec![b'0'; width];
     for slot in out.iter_mut().rev() {
@@ -46,6 +58,17 @@ fn encode(mut value: u64, width: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lower_bound_sorts_before_every_later_id() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(0))
+            .unwrap_or(0);
+        let id = next();
+        assert!(lower_bound(now - 1) <= id, "{} {id}", lower_bound(now - 1));
+        assert!(lower_bound(now + 60_000) > id);
+    }
 
     #[test]
     fn ids_are_unique_and_sorted() {

@@ -313,6 +313,10 @@ fn list_query(filter: ListFilter) -> (String, Vec<SqlValue>) {
     }
     if let Some(from) = filter.created_from {
         add("created_at >= ?", Box::new(from));
+        add(
+            "id >= ?",
+            Box::new(crate::store::admin::first_id_from(from)),
+        );
     }
     if let Some(before) = filter.created_before {
         add("created_at < ?", Box::new(before));
