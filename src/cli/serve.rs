@@ -163,8 +163,15 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
             let admin = super::queue::open(config)
                 .await
                 .map_err(|e| format!("cannot open the queue for the API's actions: {e}"))?;
-            let console = if settings.console {
-                Some(console(config, store.clone()).await?)
+            // The console is mounted here, beside the API: the HTTP module
+            // serves its routes without knowing them.
+            let pages = if settings.console {
+                let state: Arc<dyn std::any::Any + Send + Sync> =
+                    console(config, store.clone()).await?;
+                Some(crate::http::Pages {
+                    routes: crate::console::routes(),
+                    state,
+                })
             } else {
                 None
             };
@@ -174,7 +181,7 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
                 budget: budget.clone(),
                 admin: Arc::from(admin),
                 webhooks: router,
-                console,
+                pages,
             };
             Some(
                 crate::http::start(config, settings, acceptor.clone(), store.clone(), front)

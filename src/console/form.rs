@@ -32,8 +32,9 @@ pub(super) struct SignedIn<'a> {
 
 /// The console's state (its routes exist only when it does).
 pub(super) fn console(api: &Api) -> Result<&Console, Refusal> {
-    api.console
+    api.pages
         .as_deref()
+        .and_then(|pages| pages.downcast_ref::<Console>())
         .ok_or_else(|| Box::new(layout::not_found(None)))
 }
 

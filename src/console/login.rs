@@ -87,8 +87,9 @@ pub(super) async fn submit(
     request: Request,
 ) -> Response {
     let (parts, body) = request.into_parts();
-    let Some(console) = api.console.as_deref() else {
-        return layout::not_found(None);
+    let console = match super::form::console(&api) {
+        Ok(console) => console,
+        Err(refusal) => return *refusal,
     };
     if api.auth.api_key_refused_banned(peer.ip()) {
         return banned();

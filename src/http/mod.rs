@@ -53,8 +53,12 @@ pub struct Api {
     pub admin: Arc<dyn QueueAdmin>,
     /// The events those operations cause.
     pub webhooks: Webhooks,
-    /// The web console under `/console` (`[http] console = true`).
-    pub console: Option<Arc<crate::console::Console>>,
+    /// The state of the pages the composition root mounts beside the API
+    /// (the web console, `[http] console = true`), which their handlers
+    /// downcast: this module names none of them.
+    pub pages: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// Their routes, merged into the API's.
+    pub page_routes: Option<Router<Arc<Api>>>,
 }
 
 /// The OpenAPI document, checked in beside the code that serves it.
@@ -141,10 +145,9 @@ pub fn router(api: Arc<Api>) -> Router {
     let routes = Router::new();
     // The console's pages on this listener: the same front door, TLS,
     // deadlines and budget as the API, no second surface to defend.
-    let routes = if api.console.is_some() {
-        routes.merge(crate::console::routes())
-    } else {
-        routes
+    let routes = match &api.page_routes {
+        Some(pages) => routes.merge(pages.clone()),
+        None => routes,
     };
     routes
         .route("/v1/messages", post(submit::submit).get(status::list))
@@ -224,7 +227,8 @@ pub async fn start(
         hostname: config.hostname.clone(),
         admin: front.admin,
         webhooks: front.webhooks,
-        console: front.console,
+        pages: front.pages.as_ref().map(|p| p.state.clone()),
+        page_routes: front.pages.map(|p| p.routes),
     });
     let limits = serve::Limits {
         max_connections: config.max_connections,
@@ -251,8 +255,15 @@ pub struct Front {
     /// The node's queue operations (its own connection to the store).
     pub admin: Arc<dyn QueueAdmin>,
     pub webhooks: Webhooks,
-    /// The console's own state, when `[http] console = true`.
-    pub console: Option<Arc<crate::console::Console>>,
+    /// Pages to serve beside the API on this listener (the console).
+    pub pages: Option<Pages>,
+}
+
+/// Pages served beside the API, through the same front door (the console):
+/// their routes and the state their handlers find in [`Api::pages`].
+pub struct Pages {
+    pub routes: Router<Arc<Api>>,
+    pub state: Arc<dyn std::any::Any + Send + Sync>,
 }
 
 /// A request's headers must arrive within this, however they trickle

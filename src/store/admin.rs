@@ -303,6 +303,15 @@ pub(crate) fn not_final(
         .collect()
 }
 
+/// Ids of messages accepted at or after `from` are at least this: an age
+/// filter walks the ids from there instead of the whole queue. An hour
+/// early, since ids carry the accepting node's clock and nodes' clocks may
+/// disagree (or step back); the exact `created_at` condition stays.
+pub(crate) fn first_id_from(from: super::UnixMillis) -> String {
+    const CLOCK_MARGIN_MS: i64 = 3_600_000;
+    super::queue_id::lower_bound(from.saturating_sub(CLOCK_MARGIN_MS))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,13 +354,4 @@ mod tests {
             assert!(matches!(r, Err(AdminError::LiveLease { .. })), "{s:?}");
         }
     }
-}
-
-/// Ids of messages accepted at or after `from` are at least this: an age
-/// filter walks the ids from there instead of the whole queue. An hour
-/// early, since ids carry the accepting node's clock and nodes' clocks may
-/// disagree (or step back); the exact `created_at` condition stays.
-pub(crate) fn first_id_from(from: super::UnixMillis) -> String {
-    const CLOCK_MARGIN_MS: i64 = 3_600_000;
-    super::queue_id::lower_bound(from.saturating_sub(CLOCK_MARGIN_MS))
 }
