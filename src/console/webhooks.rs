@@ -32,6 +32,19 @@ fn operator<'a>(
     Ok(signed)
 }
 
+/// An operator's form post: signed in as an operator, with the session's
+/// form token in a body within the form bound.
+async fn operator_post(
+    api: &Api,
+    request: Request,
+    peer: SocketAddr,
+) -> Result<SignedIn<'_>, Refusal> {
+    let (parts, body) = request.into_parts();
+    let signed = operator(api, &parts.headers, peer)?;
+    signed_form(api, &signed, body, peer).await?;
+    Ok(signed)
+}
+
 pub(super) async fn page(
     State(api): State<Arc<Api>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -154,14 +167,10 @@ pub(super) async fn enable(
     Path(name): Path<String>,
     request: Request,
 ) -> Response {
-    let (parts, body) = request.into_parts();
-    let signed = match operator(&api, &parts.headers, peer) {
+    let signed = match operator_post(&api, request, peer).await {
         Ok(s) => s,
         Err(r) => return *r,
     };
-    if let Err(r) = signed_form(&api, &signed, body, peer).await {
-        return *r;
-    }
     if !signed.console.endpoints.contains(&name) {
         return layout::not_found(Some(&signed.session));
     }
@@ -184,14 +193,10 @@ pub(super) async fn redeliver(
     Path(webhook_id): Path<String>,
     request: Request,
 ) -> Response {
-    let (parts, body) = request.into_parts();
-    let signed = match operator(&api, &parts.headers, peer) {
+    let signed = match operator_post(&api, request, peer).await {
         Ok(s) => s,
         Err(r) => return *r,
     };
-    if let Err(r) = signed_form(&api, &signed, body, peer).await {
-        return *r;
-    }
     match signed
         .console
         .outbox
