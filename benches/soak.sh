@@ -18,7 +18,7 @@
 #   db MiB      SQLite: smtp-once.db + -wal (the WAL separately);
 #               PostgreSQL: pg_database_size (its WAL is server-wide: not shown)
 #   queue       queued + deferred + delivering + held (smtp_once_queue_messages,
-#               counted every 5 s by the daemon: up to 5 s old)
+#               counted every 2 s by the daemon: up to 2 s old)
 #   relayed     delivered so far
 #   wr KiB/msg  bytes the daemon wrote to disk in the window (/proc/PID/io
 #               write_bytes: WAL, checkpoints, fsynced pages) / accepted;
@@ -222,24 +222,32 @@ store_size() {
 
 now_s() { date +%s.%N; }
 
-# SOAK_EXPIRED ledger entries that expired long ago, written straight into
-# the store the daemon made (stopped meanwhile), as a full window's worth of
-# traffic would leave them: random keys, a stored reply each. The indexes
-# are dropped and built again around the insert (minutes, not hours).
+# SOAK_EXPIRED ledger entries that expired hours ago, written straight into
+# the store the daemon made (stopped meanwhile), as three hours of traffic
+# leave them: random keys, a stored reply each. SQLite: three hour-long
+# partitions of the ledger (src/store/sqlite/ledger_partition.rs) whose
+# spans ended 1-3 hours ago, each with its key index built after the insert
+# (minutes, not hours); the daemon puts them in its view when it opens.
 write_expired() {
   say "writing $SOAK_EXPIRED expired ledger entries"
   if [ "$SOAK_STORE" = sqlite ]; then
-    sqlite3 "$DATA/smtp-once.db" <<SQL >/dev/null
-PRAGMA journal_mode = WAL;
-DROP INDEX ledger_key; DROP INDEX ledger_expiry;
-WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $SOAK_EXPIRED)
-INSERT INTO ledger (key_hash, workspace, key, fingerprint, reply, queue_id, created_at, expires_at)
+    local hour_now=$(( $(date +%s) / 3600 )) per=$(( (SOAK_EXPIRED + 2) / 3 )) sql="PRAGMA journal_mode = WAL;"
+    local span name from
+    for span in $((hour_now - 4)) $((hour_now - 3)) $((hour_now - 2)); do
+      name="ledger_p3600_$span" from=$(( span * 3600000 ))
+      sql+="
+CREATE TABLE $name (id INTEGER PRIMARY KEY, key_hash INTEGER NOT NULL, workspace TEXT NOT NULL,
+  key TEXT NOT NULL, fingerprint BLOB NOT NULL, reply BLOB NOT NULL, queue_id TEXT,
+  created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $per)
+INSERT INTO $name (key_hash, workspace, key, fingerprint, reply, queue_id, created_at, expires_at)
 SELECT random(), 'bench', lower(hex(randomblob(16))), randomblob(32),
-       CAST('250 2.0.0 Ok: queued as EXPIRED' || i AS BLOB), 'EXPIRED' || i, 1000000 + i, 2000000 + i FROM n;
-CREATE INDEX ledger_key ON ledger(key_hash);
-CREATE INDEX ledger_expiry ON ledger(expires_at);
-PRAGMA wal_checkpoint(TRUNCATE);
-SQL
+       CAST('250 2.0.0 Ok: queued as EXPIRED' || i AS BLOB), 'EXPIRED' || i,
+       $from - 10800000 + i * 3600000 / $per, $from + i * 3600000 / $per FROM n;
+CREATE INDEX ${name}_key ON $name(key_hash);"
+    done
+    sqlite3 "$DATA/smtp-once.db" <<< "$sql
+PRAGMA wal_checkpoint(TRUNCATE);" >/dev/null
   else
     psql "$PG_URL/$PG_DB" -X -q -v ON_ERROR_STOP=1 <<SQL >/dev/null
 INSERT INTO ledger (workspace, key, fingerprint, reply, queue_id, created_at, expires_at)

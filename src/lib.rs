@@ -46,6 +46,7 @@ pub mod metrics;
 pub mod metrics_http;
 pub mod net;
 pub mod private_fs;
+pub mod queue_count;
 pub mod send;
 pub mod server;
 pub mod smtp;

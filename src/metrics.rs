@@ -215,7 +215,7 @@ impl Metrics {
         let queue_messages = Family::<StateLabel, Gauge>::default();
         registry.register(
             "queue_messages",
-            "Messages in the queue by state, counted every 5 s in the background",
+            "Messages in the queue by state, counted every 2 s in the background",
             queue_messages.clone(),
         );
         let oldest_queued_seconds = Gauge::<f64, AtomicU64>::default();

@@ -4,9 +4,9 @@
 //! - `GET /metrics`: every family of [`crate::metrics`] in OpenMetrics
 //!   text for a client that asks for it (Prometheus), else in the
 //!   Prometheus text format 0.0.4. A scrape only renders: the queue's depth
-//!   by state is counted by a task of the listener every [`DEPTH_REFRESH`]
-//!   (first at start), so a scrape costs the same with an empty queue or a
-//!   million messages, and never waits for the store.
+//!   by state is counted in the background ([`crate::queue_count`]), so a
+//!   scrape costs the same with an empty queue or a million messages, and
+//!   never waits for the store.
 //! - `GET /healthz`: `200 ok` while the process serves requests.
 //! - `GET /readyz`: `200 ready` when the store commits a trivial write
 //!   transaction through its writer ([`Store::ready`]), else `503` with the
@@ -32,7 +32,7 @@ use tokio::task::JoinHandle;
 
 use crate::front_door::http::HttpConnection;
 use crate::front_door::{Door, Entrance, Gate, Wording};
-use crate::metrics::{self, QUEUE_STATES};
+use crate::metrics;
 use crate::store::Store;
 
 /// Connections at once: scrapers and probes, a handful in practice.
@@ -41,10 +41,6 @@ const MAX_CONNECTIONS: usize = 32;
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a `/readyz` answer is given again without asking the store.
 pub const READY_CACHE: Duration = Duration::from_secs(1);
-/// How often the queue is counted by state for the depth gauges. A count
-/// reads every live row (about 0.1 to 0.3 s at a million), so it is done in
-/// the background, not by a scrape; docs/operations.md says this figure.
-pub const DEPTH_REFRESH: Duration = Duration::from_secs(5);
 
 /// The listener's settings, in plain values.
 pub struct MetricsOptions {
@@ -80,8 +76,6 @@ pub struct MetricsServer {
     pub addr: SocketAddr,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
-    /// Counts the queue every [`DEPTH_REFRESH`] until `stop`.
-    refresher: JoinHandle<()>,
 }
 
 impl MetricsServer {
@@ -95,11 +89,7 @@ impl MetricsServer {
         let bind_failed = |source| MetricsHttpError::Bind { addr, source };
         let listener = TcpListener::bind(addr).await.map_err(bind_failed)?;
         let addr = listener.local_addr().map_err(bind_failed)?;
-        // The first count before the first scrape can come, so that it
-        // shows the real queue rather than zeros (bounded by STORE_TIMEOUT).
-        count_queue(&store, metrics::global()).await;
         let (stop, stopped) = watch::channel(false);
-        let refresher = tokio::spawn(refresh_depth(store.clone(), stopped.clone()));
         let app = router(Arc::new(Shared {
             store,
             token: options.token,
@@ -129,12 +119,7 @@ impl MetricsServer {
             STORE_TIMEOUT,
         ));
         tracing::info!(%addr, "metrics listening");
-        Ok(MetricsServer {
-            addr,
-            stop,
-            task,
-            refresher,
-        })
+        Ok(MetricsServer { addr, stop, task })
     }
 
     /// Stops accepting and waits for requests under way (at most a few
@@ -145,21 +130,6 @@ impl MetricsServer {
         if tokio::time::timeout(STORE_TIMEOUT * 2, task).await.is_err() {
             tracing::warn!("metrics listener did not stop in time");
         }
-        // A count under way is only a read: it need not finish.
-        self.refresher.abort();
-        let _ = self.refresher.await;
-    }
-}
-
-/// Counts the queue every [`DEPTH_REFRESH`] until `stopped` says so.
-async fn refresh_depth(store: Arc<dyn Store>, mut stopped: watch::Receiver<bool>) {
-    let m = metrics::global();
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(DEPTH_REFRESH) => {}
-            _ = stopped.wait_for(|stop| *stop) => return,
-        }
-        count_queue(&store, m).await;
     }
 }
 
@@ -239,32 +209,5 @@ async fn ready(State(shared): State<Arc<Shared>>) -> Response {
     match answer {
         Ok(()) => (StatusCode::OK, "ready\n").into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")).into_response(),
-    }
-}
-
-/// Reads the queue's depth into the gauges, and how long that took.
-async fn count_queue(store: &Arc<dyn Store>, m: &metrics::Metrics) {
-    // A store that cannot be read leaves the last values in place (its
-    // trouble shows on /readyz and in the submission outcomes).
-    let started = Instant::now();
-    let depth = tokio::time::timeout(STORE_TIMEOUT, store.queue_depth()).await;
-    let took = started.elapsed();
-    m.queue_count_seconds(took.as_secs_f64());
-    tracing::debug!(seconds = took.as_secs_f64(), "metrics: queue counted");
-    match depth {
-        Ok(Ok(depth)) => {
-            let counts: Vec<(&'static str, u64)> = depth
-                .counts
-                .iter()
-                .map(|(state, n)| (state.as_str(), *n))
-                .filter(|(state, _)| QUEUE_STATES.contains(state))
-                .collect();
-            // Milliseconds to seconds: exact far beyond any queue's age.
-            #[allow(clippy::cast_precision_loss)]
-            let oldest = depth.oldest_age_ms.map_or(0.0, |ms| ms as f64 / 1000.0);
-            m.queue_depth(&counts, oldest);
-        }
-        Ok(Err(e)) => tracing::debug!(error = %e, "metrics: cannot read the queue depth"),
-        Err(_) => tracing::debug!("metrics: queue depth read timed out"),
     }
 }

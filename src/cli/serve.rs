@@ -8,7 +8,6 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::LogFormat;
 use super::housekeeping::LedgerPurge;
@@ -18,10 +17,11 @@ use crate::backlog::Backlog;
 use crate::config::{Config, StoreBackend};
 use crate::delivery::Worker;
 use crate::metrics_http::MetricsServer;
+use crate::queue_count::QueueCount;
 use crate::server::Server;
 use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::sqlite::SqliteStore;
-use crate::store::{DeliveryQueue, MessageState, StatusReader, Store, WebhookOutbox};
+use crate::store::{DeliveryQueue, StatusReader, Store, WebhookOutbox};
 
 pub(super) fn serve(path: PathBuf, log_format: LogFormat) -> Result<(), String> {
     super::logging::init(log_format);
@@ -138,6 +138,13 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
         config.limits.max_bytes_in_flight,
         config.limits.max_bytes_in_flight_per_account,
     );
+    // One count of the queue for the gauges and the backlog bound, first
+    // before the metrics listener, so a first scrape shows the real queue.
+    let counting = if config.metrics.is_some() || backlog.limit() > 0 {
+        Some(QueueCount::start(store.clone(), backlog.clone()).await)
+    } else {
+        None
+    };
     let metrics = match &config.metrics {
         Some(settings) => Some(
             MetricsServer::start(
@@ -155,7 +162,6 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
     };
     let acceptor =
         Arc::new(acceptor(config, store.clone(), router.clone())?.with_backlog(backlog.clone()));
-    let counting = count_backlog(store.clone(), backlog);
     let http = match &config.http {
         Some(settings) => {
             // The API's queue actions on their own connection, as the
@@ -210,7 +216,7 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
     stop.await;
     tracing::info!("stopping: finishing in-flight transactions and deliveries");
     if let Some(counting) = counting {
-        counting.abort();
+        counting.shutdown().await;
     }
     let http_stopped = async {
         if let Some(http) = http {
@@ -232,45 +238,6 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
         metrics.shutdown().await;
     }
     Ok(())
-}
-
-/// How often the store is counted for the backlog: between counts this
-/// node's own acceptances and attempts move the estimate.
-const BACKLOG_COUNT_EVERY: Duration = Duration::from_secs(2);
-
-/// Counts `queued` + `delivering` into `backlog` until aborted (nothing to
-/// count when it has no limit).
-fn count_backlog(
-    store: Arc<dyn Store>,
-    backlog: Arc<Backlog>,
-) -> Option<tokio::task::JoinHandle<()>> {
-    if backlog.limit() == 0 {
-        return None;
-    }
-    Some(tokio::spawn(async move {
-        let mut every = tokio::time::interval(BACKLOG_COUNT_EVERY);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            every.tick().await;
-            match store.queue_depth().await {
-                Ok(depth) => {
-                    let waiting = depth
-                        .counts
-                        .iter()
-                        .filter(|(state, _)| {
-                            matches!(state, MessageState::Queued | MessageState::Delivering)
-                        })
-                        .map(|(_, n)| n)
-                        .sum();
-                    backlog.resample(waiting);
-                    crate::metrics::global().backlog(waiting);
-                }
-                // The last estimate stands; the store's trouble shows on
-                // /readyz and in the acceptances themselves.
-                Err(e) => tracing::debug!(error = %e, "backlog: cannot count the queue"),
-            }
-        }
-    }))
 }
 
 /// The acceptance pipeline for a node's configuration, shared by every

@@ -8,6 +8,7 @@ mod delivery_queue;
 mod identity;
 mod inspect;
 mod ledger_key;
+mod ledger_partition;
 mod outbox;
 mod probe;
 mod schema;

@@ -109,6 +109,11 @@ const MIGRATIONS: &[Migration] = &[
     //    would cost every acceptance another page write (issue 24).
     Sql("CREATE INDEX queue_workspace ON queue(workspace, id);
      CREATE INDEX webhook_outbox_queue ON webhook_outbox(queue_id);"),
+    // 6: the ledger in time partitions (`ledger_partition`), read through
+    //    the view `ledger`: an expired span is dropped whole instead of
+    //    deleted entry by entry, each from a random page of the key index
+    //    (issue 24).
+    Code(ledger_in_partitions),
 ];
 
 pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<u32> {
@@ -132,6 +137,11 @@ pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<u32> {
         )?;
         tx.commit()?;
     }
+    // The ledger's view names its partitions: built again on every open,
+    // so a partition made by hand (a restore, a benchmark) is in it.
+    let tx = conn.transaction()?;
+    super::ledger_partition::rebuild_view(&tx)?;
+    tx.commit()?;
     Ok(version)
 }
 
@@ -186,14 +196,50 @@ fn ledger_by_key_hash(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     )
 }
 
+/// Migration 6: every entry copied into its partition, in acceptance order.
+fn ledger_in_partitions(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch("ALTER TABLE ledger RENAME TO ledger_unpartitioned;")?;
+    {
+        let mut read = tx.prepare(
+            "SELECT key_hash, workspace, key, fingerprint, reply, queue_id,
+                    created_at, expires_at
+             FROM ledger_unpartitioned ORDER BY id",
+        )?;
+        let mut rows = read.query([])?;
+        while let Some(r) = rows.next()? {
+            let created_at: i64 = r.get(6)?;
+            let expires_at: i64 = r.get(7)?;
+            let table = super::ledger_partition::table_for(tx, created_at, expires_at)?;
+            tx.prepare_cached(&format!(
+                "INSERT INTO {table} (key_hash, workspace, key, fingerprint, reply, queue_id,
+                                      created_at, expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+            ))?
+            .execute(params![
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, Vec<u8>>(3)?,
+                r.get::<_, Vec<u8>>(4)?,
+                r.get::<_, Option<String>>(5)?,
+                created_at,
+                expires_at
+            ])?;
+        }
+    }
+    // `migrate` builds the view (`ledger`) again after the last step.
+    tx.execute_batch("DROP TABLE ledger_unpartitioned;")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// A database made by a binary before migration 4 keeps every ledger
-    /// entry, found by its key through the new index, in acceptance order.
+    /// entry through migrations 4 (key hash) and 6 (partitions), found by
+    /// its key, in acceptance order, until its partition is purged.
     #[test]
-    fn migration_4_keeps_every_ledger_entry() {
+    fn migrations_4_and_6_keep_every_ledger_entry() {
         let mut conn = Connection::open_in_memory().expect("db");
         conn.execute_batch("CREATE TABLE schema_version (version INTEGER NOT NULL)")
             .expect("version table");
@@ -208,7 +254,13 @@ mod tests {
             )
             .expect("version");
         }
-        for (key, created) in [("b-key", 2_000), ("a-key", 1_000), ("c-key", 3_000)] {
+        let hour = 3_600_000;
+        for (key, created) in [
+            ("b-key", 2_000),
+            ("a-key", 1_000),
+            ("c-key", 3_000),
+            ("late-key", hour + 1),
+        ] {
             conn.execute(
                 "INSERT INTO ledger VALUES ('default', ?1, ?2, ?3, 'Q1', ?4, ?4 + 10800000)",
                 params![
@@ -220,9 +272,9 @@ mod tests {
             )
             .expect("old row");
         }
-        assert_eq!(migrate(&mut conn).expect("migrate"), 5);
+        assert_eq!(migrate(&mut conn).expect("migrate"), 6);
         let order: Vec<String> = conn
-            .prepare("SELECT key FROM ledger ORDER BY id")
+            .prepare("SELECT key FROM ledger_p3600_3 ORDER BY id")
             .expect("prepare")
             .query_map([], |r| r.get(0))
             .expect("query")
@@ -240,7 +292,37 @@ mod tests {
                 .is_none(),
             "another workspace's key is another entry"
         );
+        assert!(
+            super::super::lookup_on(&conn, "default", "late-key", 5_000)
+                .expect("lookup")
+                .is_some(),
+            "the next span's entry is in its own partition"
+        );
         // Run again: nothing to do.
-        assert_eq!(migrate(&mut conn).expect("again"), 5);
+        assert_eq!(migrate(&mut conn).expect("again"), 6);
+        // The first span ends at 4 h: its three entries go, the next stays.
+        let tx = conn.transaction().expect("tx");
+        assert_eq!(
+            super::super::ledger_partition::purge(&tx, 4 * hour, 100).expect("purge"),
+            3
+        );
+        assert_eq!(
+            super::super::ledger_partition::purge(&tx, 4 * hour, 100).expect("purge"),
+            0
+        );
+        tx.commit().expect("commit");
+        let tables: i64 = conn
+            .query_row(
+                "SELECT COUNT(*) FROM sqlite_schema WHERE name LIKE 'ledger_p%'",
+                [],
+                |r| r.get(0),
+            )
+            .expect("count");
+        assert_eq!(tables, 2, "the next span's table and its index remain");
+        assert!(
+            super::super::lookup_on(&conn, "default", "late-key", 4 * hour)
+                .expect("lookup")
+                .is_some()
+        );
     }
 }

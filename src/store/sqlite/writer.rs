@@ -8,7 +8,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::classify;
 use super::identity::DataDirIdentity;
-use super::ledger_key;
+use super::{ledger_key, ledger_partition};
 use crate::store::batch::{self, Answer, Answers, Pending, Reply, Wakers};
 use crate::store::{
     Acceptance, CommitOutcome, NewEvent, NewLedgerEntry, NewMessage, StoreError, UnixMillis,
@@ -175,60 +175,43 @@ fn apply_acceptance(tx: &Transaction<'_>, a: &Acceptance) -> rusqlite::Result<Co
     Ok(CommitOutcome::Committed)
 }
 
-/// Writes a ledger entry, replacing one only once it has expired; `false`
-/// (nothing written) when a live one holds the key. Acceptances here, the
-/// operators' idempotent changes in `admin`.
+/// Writes a ledger entry unless a live one holds the key (`false`, nothing
+/// written); an expired one stays in its partition until that is purged.
+/// Acceptances here, the operators' idempotent changes in `admin`.
 pub(crate) fn insert_ledger(tx: &Transaction<'_>, l: &NewLedgerEntry) -> rusqlite::Result<bool> {
     // Check, then write: unique because every writer (this thread, the
     // operators' `admin` connection) holds the database's write lock.
     let hash = ledger_key::hash(&l.key);
-    let held: Option<(i64, i64)> = tx
+    let e = &l.entry;
+    let held: Option<i64> = tx
         .prepare_cached(
-            "SELECT id, expires_at FROM ledger
-             WHERE key_hash = ?1 AND workspace = ?2 AND key = ?3",
+            "SELECT 1 FROM ledger
+             WHERE key_hash = ?1 AND workspace = ?2 AND key = ?3 AND expires_at > ?4",
         )?
-        .query_row(params![hash, l.workspace, l.key], |r| {
-            Ok((r.get(0)?, r.get(1)?))
+        .query_row(params![hash, l.workspace, l.key, e.created_at], |r| {
+            r.get(0)
         })
         .optional()?;
-    let e = &l.entry;
-    match held {
-        Some((_, expires_at)) if expires_at > e.created_at => Ok(false),
-        Some((id, _)) => {
-            tx.prepare_cached(
-                "UPDATE ledger SET fingerprint = ?2, reply = ?3, queue_id = ?4,
-                                   created_at = ?5, expires_at = ?6
-                 WHERE id = ?1",
-            )?
-            .execute(params![
-                id,
-                &e.fingerprint[..],
-                e.reply,
-                e.queue_id,
-                e.created_at,
-                e.expires_at
-            ])?;
-            Ok(true)
-        }
-        None => {
-            tx.prepare_cached(
-                "INSERT INTO ledger (key_hash, workspace, key, fingerprint, reply, queue_id,
-                                     created_at, expires_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            )?
-            .execute(params![
-                hash,
-                l.workspace,
-                l.key,
-                &e.fingerprint[..],
-                e.reply,
-                e.queue_id,
-                e.created_at,
-                e.expires_at
-            ])?;
-            Ok(true)
-        }
+    if held.is_some() {
+        return Ok(false);
     }
+    let table = ledger_partition::table_for(tx, e.created_at, e.expires_at)?;
+    tx.prepare_cached(&format!(
+        "INSERT INTO {table} (key_hash, workspace, key, fingerprint, reply, queue_id,
+                              created_at, expires_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+    ))?
+    .execute(params![
+        hash,
+        l.workspace,
+        l.key,
+        &e.fingerprint[..],
+        e.reply,
+        e.queue_id,
+        e.created_at,
+        e.expires_at
+    ])?;
+    Ok(true)
 }
 
 /// Writes a queue row and its body, due at once. The one place queue rows
@@ -284,10 +267,5 @@ pub(crate) fn insert_events(tx: &Transaction<'_>, events: &[NewEvent]) -> rusqli
 }
 
 fn purge_expired(tx: &Transaction<'_>, now: UnixMillis, limit: usize) -> rusqlite::Result<usize> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    tx.prepare_cached(
-        "DELETE FROM ledger WHERE id IN
-           (SELECT id FROM ledger WHERE expires_at <= ?1 LIMIT ?2)",
-    )?
-    .execute(params![now, limit])
+    ledger_partition::purge(tx, now, limit)
 }
