@@ -126,6 +126,23 @@ KEY_ROW=$(( ROWS - LEDGER_ROWS / 2 ))
 [ $((KEY_ROW % 10)) -ne 0 ] || KEY_ROW=$((KEY_ROW - 1))   # alice's workspace
 KEY_HASH=$(python3 -c 'import hashlib, struct, sys; print(struct.unpack(">q", hashlib.sha256(sys.argv[1].encode()).digest()[:8])[0])' "bench-key-$KEY_ROW")
 FILL_COLUMNS="id, workspace, account, reverse_path, recipients, idempotency_key, size, state, attempts, next_attempt_at, last_error, created_at, updated_at"
+# The four hour partitions the last 3 hours' entries expire in, filled
+# from ledger_fill in acceptance order, each with its key index.
+ledger_partitions_sql() {
+  local hour span
+  hour=$(( $(date +%s) / 3600 ))
+  for span in $hour $((hour + 1)) $((hour + 2)) $((hour + 3)); do
+    cat <<SQL
+CREATE TABLE ledger_p3600_$span (id INTEGER PRIMARY KEY, key_hash INTEGER NOT NULL,
+  workspace TEXT NOT NULL, key TEXT NOT NULL, fingerprint BLOB NOT NULL, reply BLOB NOT NULL,
+  queue_id TEXT, created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL);
+INSERT INTO ledger_p3600_$span (key_hash, workspace, key, fingerprint, reply, queue_id, created_at, expires_at)
+SELECT * FROM ledger_fill
+WHERE expires_at >= $span * 3600000 AND expires_at < ($span + 1) * 3600000 ORDER BY created_at;
+CREATE INDEX ledger_p3600_${span}_key ON ledger_p3600_$span(key_hash);
+SQL
+  done
+}
 fill_sqlite() {
   sqlite3 "$WORKDIR/data/smtp-once.db" <<SQL
 BEGIN;
@@ -150,14 +167,18 @@ FROM n, t;
 -- The ledger as acceptance leaves it: an entry for each message of the
 -- last 3 hours (the retention), older ones purged. SQLite finds a key
 -- through it (src/store/sqlite/ledger_key.rs): random hashes, except the
--- searched key's, which is the daemon's own.
+-- searched key's, which is the daemon's own. Entries live in hour-long
+-- partitions by expiry (src/store/sqlite/ledger_partition.rs), which the
+-- daemon puts in its view (ledger) when it opens.
 -- (queue rows were written in order into an empty table: rowid i is row i)
+CREATE TEMP TABLE ledger_fill AS
 WITH RECURSIVE n(i) AS (SELECT $((ROWS - LEDGER_ROWS + 1)) UNION ALL SELECT i + 1 FROM n WHERE i < $ROWS)
-INSERT INTO ledger (key_hash, workspace, key, fingerprint, reply, queue_id, created_at, expires_at)
-SELECT CASE WHEN i = $KEY_ROW THEN $KEY_HASH ELSE random() END,
-       CASE WHEN i % 10 = 0 THEN 'globex' ELSE 'acme' END, 'bench-key-' || i, randomblob(32),
-       CAST('250 2.0.0 Ok: queued' AS BLOB), q.id, q.created_at, q.created_at + 10800000
+SELECT CASE WHEN i = $KEY_ROW THEN $KEY_HASH ELSE random() END AS key_hash,
+       CASE WHEN i % 10 = 0 THEN 'globex' ELSE 'acme' END AS workspace, 'bench-key-' || i AS key,
+       randomblob(32) AS fingerprint, CAST('250 2.0.0 Ok: queued' AS BLOB) AS reply, q.id AS queue_id,
+       q.created_at AS created_at, q.created_at + 10800000 AS expires_at
 FROM n JOIN queue q ON q.rowid = n.i;
+$(ledger_partitions_sql)
 COMMIT;
 SQL
 }
