@@ -122,9 +122,10 @@ pub(super) fn table_for(
     Ok(p.name)
 }
 
-/// `ledger`: every partition that still has its key index. A schema change
-/// makes every connection prepare its ledger statements again (SQLite does
-/// it on the next step), which happens once per span.
+/// `ledger`: every partition that still has its key index, written only
+/// when that changes. A schema change makes every connection prepare its
+/// ledger statements again (SQLite does it on the next step), which happens
+/// once per span.
 pub(super) fn rebuild_view(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     let arms: Vec<String> = partitions(tx)?
         .into_iter()
@@ -140,9 +141,21 @@ pub(super) fn rebuild_view(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     } else {
         arms.join(" UNION ALL ")
     };
-    tx.execute_batch(&format!(
-        "DROP VIEW IF EXISTS ledger; CREATE VIEW ledger AS {body};"
-    ))
+    let wanted = format!("CREATE VIEW ledger AS {body}");
+    // Unchanged: nothing written, so a node restarting on a full disk
+    // still opens (its acceptances then get the storage error, not a
+    // daemon that cannot start).
+    let current: Option<String> = tx
+        .query_row(
+            "SELECT sql FROM sqlite_schema WHERE type = 'view' AND name = 'ledger'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if current.as_deref() == Some(wanted.as_str()) {
+        return Ok(());
+    }
+    tx.execute_batch(&format!("DROP VIEW IF EXISTS ledger; {wanted};"))
 }
 
 /// Removes up to `limit` entries of partitions whose span ended by `now`,
@@ -197,6 +210,22 @@ mod tests {
         // A week: day spans; a minute: minute spans.
         assert_eq!(Partition::of(0, 7 * 24 * hour).name, "ledger_p86400_7");
         assert_eq!(Partition::of(1000, 1100).name, "ledger_p60_0");
+    }
+
+    #[test]
+    fn an_unchanged_view_is_not_written_again() {
+        let mut conn = rusqlite::Connection::open_in_memory().expect("db");
+        let tx = conn.transaction().expect("tx");
+        table_for(&tx, 0, 3 * 3_600_000).expect("partition");
+        let version = |tx: &Transaction<'_>| -> i64 {
+            tx.query_row("PRAGMA schema_version", [], |r| r.get(0))
+                .expect("version")
+        };
+        let before = version(&tx);
+        rebuild_view(&tx).expect("rebuild");
+        assert_eq!(version(&tx), before, "nothing changed, nothing written");
+        table_for(&tx, 0, 4 * 3_600_000).expect("another partition");
+        assert!(version(&tx) > before);
     }
 
     #[test]

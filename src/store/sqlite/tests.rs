@@ -128,6 +128,83 @@ async fn expired_entry_is_absent_replaced_and_purged() {
     assert_eq!(queue_rows(&store), 3, "purge never removes queue rows");
 }
 
+/// A key is one entry across partitions: an entry written in one hour's
+/// span still blocks the key from a later span until it expires, and a
+/// purge of an older span (index dropped, rows going in batches) leaves
+/// the live entries of the others found.
+#[tokio::test]
+async fn a_live_entry_in_another_partition_holds_its_key() {
+    const HOUR: i64 = 3_600_000;
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = SqliteStore::open(dir.path()).expect("open");
+    let commit = |id: &'static str, key: &'static str, now: i64| {
+        store.commit(acceptance(id, Some(key), now, 3 * HOUR))
+    };
+    // Spans by expiry: 3 h (ledger_p3600_3) and 5 h (ledger_p3600_5).
+    assert_eq!(
+        commit("q1", "k", 0).await.expect("c"),
+        CommitOutcome::Committed
+    );
+    assert_eq!(
+        commit("q2", "old", 10).await.expect("c"),
+        CommitOutcome::Committed
+    );
+    assert_eq!(
+        commit("q3", "k", 2 * HOUR).await.expect("c"),
+        CommitOutcome::KeyTaken,
+        "the entry in the 3 h span is live at 2 h"
+    );
+    assert_eq!(
+        commit("q4", "k2", 2 * HOUR).await.expect("c"),
+        CommitOutcome::Committed
+    );
+    // At 3 h + 1 ms "k" has expired: taken again, into the 6 h span.
+    assert_eq!(
+        commit("q5", "k", 3 * HOUR + 1).await.expect("c"),
+        CommitOutcome::Committed
+    );
+    let found = store
+        .lookup("ws", "k", 3 * HOUR + 2)
+        .await
+        .expect("l")
+        .expect("entry");
+    assert_eq!(found.queue_id.as_deref(), Some("q5"));
+    // The 3 h span ends at 4 h: its two entries go, one per call here.
+    assert_eq!(store.purge_expired(4 * HOUR, 1).await.expect("purge"), 1);
+    assert!(
+        store
+            .lookup("ws", "k2", 4 * HOUR)
+            .await
+            .expect("l")
+            .is_some(),
+        "the 5 h span's entry while the 3 h span is half purged"
+    );
+    assert_eq!(store.purge_expired(4 * HOUR, 1).await.expect("purge"), 1);
+    assert_eq!(store.purge_expired(4 * HOUR, 1).await.expect("purge"), 0);
+    assert_eq!(
+        store
+            .lookup("ws", "k", 4 * HOUR)
+            .await
+            .expect("l")
+            .map(|e| e.queue_id),
+        Some(Some("q5".into()))
+    );
+    let conn = rusqlite::Connection::open(store.db_path()).expect("open");
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' AND name LIKE 'ledger_p%' ORDER BY name")
+        .expect("prepare")
+        .query_map([], |r| r.get(0))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert_eq!(
+        tables,
+        ["ledger_p3600_5", "ledger_p3600_6"],
+        "the 3 h span's table is gone"
+    );
+    assert_eq!(queue_rows(&store), 4, "purge never removes queue rows");
+}
+
 #[tokio::test]
 async fn one_process_per_data_dir() {
     let dir = tempfile::tempdir().expect("tmp");
