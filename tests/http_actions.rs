@@ -268,11 +268,11 @@ async fn script(store: Store) {
     assert_eq!(code(&retry), (409, "InvalidState".into()));
 
     // The ledger cannot be read: E01033, nothing done, nothing stored.
-    d.execute("ALTER TABLE ledger RENAME TO ledger_gone");
+    d.hide_ledger();
     let hold2 = format!("/v1/messages/{m2}/hold");
     let down = action("POST", &hold2, &alice, Some("d1")).send(api).await;
     assert_eq!(code(&down), (503, "E01033".into()), "{down:?}");
-    d.execute("ALTER TABLE ledger_gone RENAME TO ledger");
+    d.restore_ledger();
     assert_eq!(state_of(api, &m2).await, "deferred");
     let up = action("POST", &hold2, &alice, Some("d1")).send(api).await;
     assert_eq!((up.status, up.is_replay()), (200, false));

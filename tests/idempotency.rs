@@ -200,11 +200,11 @@ async fn unreachable_ledger_gets_e01033_and_queues_nothing() {
     assert_eq!(d.queue_count(), 0);
 
     // The ledger cannot be read at all.
-    d.execute("ALTER TABLE ledger RENAME TO ledger_gone");
+    d.hide_ledger();
     let r = send_as(&d, "alice", FROM, TO, &m).await;
     assert!(r.code == 451 && r.has("E01033"), "{r:?}");
     assert_eq!(d.queue_count(), 0);
-    d.execute("ALTER TABLE ledger_gone RENAME TO ledger");
+    d.restore_ledger();
 
     let r = send_as(&d, "alice", FROM, TO, &m).await;
     assert_eq!(r.code, 250, "{r:?}");

@@ -349,6 +349,35 @@ impl Daemon {
         }
     }
 
+    /// Makes the ledger unreadable (every lookup and insert fails) until
+    /// [`Daemon::restore_ledger`]: PostgreSQL's table, or SQLite's view over
+    /// its partitions, renamed `ledger_gone`.
+    pub(crate) fn hide_ledger(&self) {
+        self.rename_ledger("ledger", "ledger_gone");
+    }
+
+    pub(crate) fn restore_ledger(&self) {
+        self.rename_ledger("ledger_gone", "ledger");
+    }
+
+    fn rename_ledger(&self, from: &str, to: &str) {
+        if self.pg.is_some() {
+            return self.execute(&format!("ALTER TABLE {from} RENAME TO {to}"));
+        }
+        // SQLite renames no view: the same view again under the new name.
+        let db = self.db();
+        let sql: String = db
+            .query_row(
+                "SELECT sql FROM sqlite_schema WHERE type = 'view' AND name = ?1",
+                [from],
+                |r| r.get(0),
+            )
+            .unwrap_or_else(|e| panic!("view {from}: {e}"));
+        let renamed = sql.replacen(&format!("VIEW {from} "), &format!("VIEW {to} "), 1);
+        db.execute_batch(&format!("DROP VIEW {from}; {renamed};"))
+            .unwrap_or_else(|e| panic!("rename view {from}: {e}"));
+    }
+
     pub(crate) fn queue_count(&self) -> i64 {
         self.count("SELECT COUNT(*) FROM queue")
     }

@@ -4,14 +4,13 @@
 //! progress), decides on the database's clock (`smtp_once_now()`, as
 //! leases do), and NOTIFYs the workers when it made a message due.
 
-use std::path::PathBuf;
-
-use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
+use tokio::sync::MappedMutexGuard;
 use tokio_postgres::Transaction;
 
 use super::outbox::{EventColumns, INSERT_EVENTS};
+use super::own_connection::OwnConnection;
 use super::status::{COLUMNS, attempt_of, status_of};
-use super::{QUEUED_CHANNEL, classify, connect_one};
+use super::{QUEUED_CHANNEL, classify};
 use crate::store::admin::{
     AdminAction, AdminError, Change, Done, ListFilter, MessageContent, QueueAdmin, Record, decide,
     not_final,
@@ -19,12 +18,9 @@ use crate::store::admin::{
 use crate::store::{BoxFuture, MessageDetail, MessageState, MessageStatus, StoreError};
 
 pub struct PgQueueAdmin {
-    url: String,
-    ca_file: Option<PathBuf>,
-    /// Behind a lock: a transaction needs the client to itself. Connected
-    /// again when the connection was lost (the API's admin lives as long
-    /// as the daemon).
-    client: Mutex<Option<tokio_postgres::Client>>,
+    /// Connected again when the connection was lost (the API's admin lives
+    /// as long as the daemon).
+    conn: OwnConnection,
 }
 
 /// The locked row, as the decision and the record need it.
@@ -46,23 +42,14 @@ fn db(e: tokio_postgres::Error) -> AdminError {
 impl PgQueueAdmin {
     /// Connects with the store's settings (TLS with `ca_file`, timeouts).
     pub async fn connect(url: &str, ca_file: Option<&std::path::Path>) -> Result<Self, StoreError> {
-        let client = connect_one(url, ca_file, "queue admin").await?;
         Ok(Self {
-            url: url.to_owned(),
-            ca_file: ca_file.map(PathBuf::from),
-            client: Mutex::new(Some(client)),
+            conn: OwnConnection::connect(url, ca_file, "queue admin").await?,
         })
     }
 
     /// The client, connected again if its connection was lost.
     async fn client(&self) -> Result<MappedMutexGuard<'_, tokio_postgres::Client>, StoreError> {
-        let mut guard = self.client.lock().await;
-        if guard.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
-            *guard = None;
-            *guard = Some(connect_one(&self.url, self.ca_file.as_deref(), "queue admin").await?);
-        }
-        MutexGuard::try_map(guard, Option::as_mut)
-            .map_err(|_| StoreError::Unavailable("queue admin not connected".into()))
+        self.conn.client().await
     }
 }
 

@@ -11,6 +11,7 @@ mod delivery_queue;
 mod housekeeping;
 mod outbox;
 mod outbox_admin;
+mod own_connection;
 mod probe;
 mod schema;
 mod status;

@@ -3,18 +3,19 @@
 //! short transaction that also NOTIFYs the senders, so a redelivered event
 //! goes out at once on whichever node is free.
 
-use tokio::sync::Mutex;
 use tokio_postgres::types::ToSql;
 
-use super::{EVENTS_CHANNEL, classify, connect_one};
+use super::own_connection::OwnConnection;
+use super::{EVENTS_CHANNEL, classify};
 use crate::store::outbox::{
     DisabledEndpoint, EndpointBacklog, EventStatus, OutboxAdmin, RECENT_FOR_ERRORS,
 };
 use crate::store::{BoxFuture, StoreError, UnixMillis};
 
 pub struct PgOutboxAdmin {
-    /// Behind a lock: a transaction needs the client to itself.
-    client: Mutex<tokio_postgres::Client>,
+    /// Connected again when the connection was lost (the console's lives
+    /// as long as the daemon).
+    conn: OwnConnection,
 }
 
 const STATUS_COLUMNS: &str = "webhook_id, endpoint, event_type, event_at, queue_id, state,
@@ -40,16 +41,15 @@ fn event_status(r: &tokio_postgres::Row) -> EventStatus {
 impl PgOutboxAdmin {
     /// Connects with the store's settings (TLS with `ca_file`, timeouts).
     pub async fn connect(url: &str, ca_file: Option<&std::path::Path>) -> Result<Self, StoreError> {
-        let client = connect_one(url, ca_file, "webhooks admin").await?;
         Ok(Self {
-            client: Mutex::new(client),
+            conn: OwnConnection::connect(url, ca_file, "webhooks admin").await?,
         })
     }
 
     /// Runs `sql` in a transaction that NOTIFYs the senders if it changed
     /// a row (delivered on COMMIT).
     async fn change(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<usize, StoreError> {
-        let mut client = self.client.lock().await;
+        let mut client = self.conn.client().await?;
         let tx = client.transaction().await.map_err(|e| classify(&e))?;
         let n = tx.execute(sql, params).await.map_err(|e| classify(&e))?;
         if n > 0 {
@@ -71,7 +71,7 @@ impl OutboxAdmin for PgOutboxAdmin {
         let endpoint = endpoint.map(str::to_owned);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         Box::pin(async move {
-            let client = self.client.lock().await;
+            let client = self.conn.client().await?;
             let rows = client
                 .query(
                     &format!(
@@ -140,7 +140,7 @@ impl OutboxAdmin for PgOutboxAdmin {
 
     fn disabled(&self) -> BoxFuture<'_, Result<Vec<DisabledEndpoint>, StoreError>> {
         Box::pin(async move {
-            let client = self.client.lock().await;
+            let client = self.conn.client().await?;
             let rows = client
                 .query(
                     "SELECT name, disabled_at, disabled_reason FROM webhook_endpoint
@@ -167,7 +167,7 @@ impl OutboxAdmin for PgOutboxAdmin {
     ) -> BoxFuture<'a, Result<Vec<EventStatus>, StoreError>> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         Box::pin(async move {
-            let client = self.client.lock().await;
+            let client = self.conn.client().await?;
             let rows = client
                 .query(
                     &format!(
@@ -187,7 +187,7 @@ impl OutboxAdmin for PgOutboxAdmin {
         endpoints: Vec<String>,
     ) -> BoxFuture<'_, Result<Vec<EndpointBacklog>, StoreError>> {
         Box::pin(async move {
-            let client = self.client.lock().await;
+            let client = self.conn.client().await?;
             let mut out = Vec::with_capacity(endpoints.len());
             for endpoint in endpoints {
                 let row = client

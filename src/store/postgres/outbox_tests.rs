@@ -550,3 +550,38 @@ async fn the_console_reads_a_messages_events_and_each_endpoints_backlog() {
         ]
     );
 }
+
+/// The console's outbox connection lives as long as the daemon: a lost
+/// connection (a database restart, a terminated backend) fails the request
+/// under way at most, and the next one connects again.
+#[tokio::test]
+async fn the_operators_connection_comes_back_after_it_was_lost() {
+    let db = TestDb::new().await;
+    let a = db.node("a").await;
+    events(&a, "R", "hook", 1).await;
+    let admin = PgOutboxAdmin::connect(&db.url(), None)
+        .await
+        .expect("admin");
+    assert_eq!(admin.recent(None, 10).await.expect("events").len(), 1);
+    let sql = db.sql().await;
+    let ended = count(
+        &sql,
+        "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .await;
+    assert!(ended >= 1, "the admin's backend was among them");
+    // Its end reaches the client asynchronously: the first request after
+    // may still fail; within a few it has connected again.
+    let mut again = None;
+    for _ in 0..20 {
+        if let Ok(events) = admin.recent(None, 10).await {
+            again = Some(events.len());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(again, Some(1), "the admin never connected again");
+    drop(a);
+    db.drop_db().await;
+}

@@ -20,8 +20,9 @@ use rusqlite::{OptionalExtension, Transaction, params};
 use crate::store::UnixMillis;
 
 /// Span steps, seconds. The widest that is at most a third of the
-/// retention: 3 h keeps 1 h spans (four live at once), a week 1 d spans.
-const STEPS: &[i64] = &[60, 300, 900, 3_600, 21_600, 86_400];
+/// retention: 3 h keeps 1 h spans (four live at once), a week 1 d spans,
+/// a retention of seconds (tests) spans of a second.
+const STEPS: &[i64] = &[1, 10, 60, 300, 900, 3_600, 21_600, 86_400];
 
 const PREFIX: &str = "ledger_p";
 
@@ -122,6 +123,17 @@ pub(super) fn table_for(
     Ok(p.name)
 }
 
+/// The insert of one entry into partition `table`, parameters in the order
+/// key_hash, workspace, key, fingerprint, reply, queue_id, created_at,
+/// expires_at.
+pub(super) fn insert_sql(table: &str) -> String {
+    format!(
+        "INSERT INTO {table} (key_hash, workspace, key, fingerprint, reply, queue_id,
+                              created_at, expires_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+    )
+}
+
 /// `ledger`: every partition that still has its key index, written only
 /// when that changes. A schema change makes every connection prepare its
 /// ledger statements again (SQLite does it on the next step), which happens
@@ -207,9 +219,11 @@ mod tests {
         let p = Partition::of(0, 3 * hour + 5);
         assert_eq!(p.name, "ledger_p3600_3");
         assert_eq!(p.until, 4 * hour);
-        // A week: day spans; a minute: minute spans.
+        // A week: day spans; three minutes: minute spans; under three
+        // seconds: second spans.
         assert_eq!(Partition::of(0, 7 * 24 * hour).name, "ledger_p86400_7");
-        assert_eq!(Partition::of(1000, 1100).name, "ledger_p60_0");
+        assert_eq!(Partition::of(0, 180_000).name, "ledger_p60_3");
+        assert_eq!(Partition::of(1000, 1100).name, "ledger_p1_1");
     }
 
     #[test]

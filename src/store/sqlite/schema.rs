@@ -210,21 +210,17 @@ fn ledger_in_partitions(tx: &Transaction<'_>) -> rusqlite::Result<()> {
             let created_at: i64 = r.get(6)?;
             let expires_at: i64 = r.get(7)?;
             let table = super::ledger_partition::table_for(tx, created_at, expires_at)?;
-            tx.prepare_cached(&format!(
-                "INSERT INTO {table} (key_hash, workspace, key, fingerprint, reply, queue_id,
-                                      created_at, expires_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
-            ))?
-            .execute(params![
-                r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, Vec<u8>>(3)?,
-                r.get::<_, Vec<u8>>(4)?,
-                r.get::<_, Option<String>>(5)?,
-                created_at,
-                expires_at
-            ])?;
+            tx.prepare_cached(&super::ledger_partition::insert_sql(&table))?
+                .execute(params![
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, Vec<u8>>(3)?,
+                    r.get::<_, Vec<u8>>(4)?,
+                    r.get::<_, Option<String>>(5)?,
+                    created_at,
+                    expires_at
+                ])?;
         }
     }
     // `migrate` builds the view (`ledger`) again after the last step.

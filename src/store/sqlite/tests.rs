@@ -119,12 +119,14 @@ async fn expired_entry_is_absent_replaced_and_purged() {
         .commit(acceptance("b1", Some("k2"), 0, 10))
         .await
         .expect("commit");
-    // Entries leave with their partition (a minute's span here), once the
-    // whole span has expired: all three, the replaced one included.
-    assert_eq!(store.purge_expired(59_999, 10).await.expect("purge"), 0);
-    assert_eq!(store.purge_expired(60_000, 1).await.expect("purge"), 1);
-    assert_eq!(store.purge_expired(60_000, 10).await.expect("purge"), 2);
-    assert_eq!(store.purge_expired(60_000, 10).await.expect("purge"), 0);
+    // Entries leave with their partition (a second's span here) once the
+    // whole span has expired: b1's span ends at 1 s, the other two's
+    // (the replaced one included) at 2 s.
+    assert_eq!(store.purge_expired(999, 10).await.expect("purge"), 0);
+    assert_eq!(store.purge_expired(1_999, 10).await.expect("purge"), 1);
+    assert_eq!(store.purge_expired(2_000, 1).await.expect("purge"), 1);
+    assert_eq!(store.purge_expired(2_000, 10).await.expect("purge"), 1);
+    assert_eq!(store.purge_expired(2_000, 10).await.expect("purge"), 0);
     assert_eq!(queue_rows(&store), 3, "purge never removes queue rows");
 }
 

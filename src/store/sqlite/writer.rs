@@ -196,21 +196,17 @@ pub(crate) fn insert_ledger(tx: &Transaction<'_>, l: &NewLedgerEntry) -> rusqlit
         return Ok(false);
     }
     let table = ledger_partition::table_for(tx, e.created_at, e.expires_at)?;
-    tx.prepare_cached(&format!(
-        "INSERT INTO {table} (key_hash, workspace, key, fingerprint, reply, queue_id,
-                              created_at, expires_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
-    ))?
-    .execute(params![
-        hash,
-        l.workspace,
-        l.key,
-        &e.fingerprint[..],
-        e.reply,
-        e.queue_id,
-        e.created_at,
-        e.expires_at
-    ])?;
+    tx.prepare_cached(&ledger_partition::insert_sql(&table))?
+        .execute(params![
+            hash,
+            l.workspace,
+            l.key,
+            &e.fingerprint[..],
+            e.reply,
+            e.queue_id,
+            e.created_at,
+            e.expires_at
+        ])?;
     Ok(true)
 }
 
