@@ -70,7 +70,9 @@ pub fn parse_retry_after(value: &str) -> Option<Duration> {
 /// out instead of returning in one burst.
 pub fn jitter() -> f64 {
     let r = uuid::Uuid::new_v4().as_u64_pair().0;
-    0.8 + (r % 4001) as f64 / 10_000.0
+    // One division of an integer in 8,000..=12,000: `0.8 + 0.4` would be
+    // 1.2000000000000002, just out of the range (a 1-in-4,001 flake).
+    (8_000 + r % 4_001) as f64 / 10_000.0
 }
 
 /// The endpoint failed for longer than `disable_after`.
