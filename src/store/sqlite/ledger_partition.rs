@@ -177,8 +177,7 @@ pub(super) fn purge(
     now: UnixMillis,
     limit: usize,
 ) -> rusqlite::Result<usize> {
-    let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-    let mut purged = 0usize;
+    let batch = limit.max(1);
     for (p, indexed) in partitions(tx)? {
         if p.until > now {
             break;
@@ -195,18 +194,17 @@ pub(super) fn purge(
                 "DELETE FROM {name} WHERE id < (SELECT MIN(id) FROM {name}) + ?1",
                 name = p.name
             ),
-            params![limit],
+            params![i64::try_from(batch).unwrap_or(i64::MAX)],
         )?;
-        purged += n;
-        if usize::try_from(limit).unwrap_or(usize::MAX) > n {
+        if n < batch {
             // Drained: the empty table goes too (a few pages).
             tx.execute_batch(&format!("DROP TABLE {};", p.name))?;
         }
-        if purged > 0 {
-            break;
+        if n > 0 {
+            return Ok(n);
         }
     }
-    Ok(purged)
+    Ok(0)
 }
 
 #[cfg(test)]
