@@ -126,6 +126,27 @@ KEY_ROW=$(( ROWS - LEDGER_ROWS / 2 ))
 [ $((KEY_ROW % 10)) -ne 0 ] || KEY_ROW=$((KEY_ROW - 1))   # alice's workspace
 KEY_HASH=$(python3 -c 'import hashlib, struct, sys; print(struct.unpack(">q", hashlib.sha256(sys.argv[1].encode()).digest()[:8])[0])' "bench-key-$KEY_ROW")
 FILL_COLUMNS="id, workspace, account, reverse_path, recipients, idempotency_key, size, state, attempts, next_attempt_at, last_error, created_at, updated_at"
+# queue_fill_select CAST: the SELECT of row i's FILL_COLUMNS, the same on
+# both backends (CAST names the integer type of the id's arithmetic); the
+# caller gives the rows (i) and "now" in ms (now).
+queue_fill_select() {
+  cat <<SQL
+SELECT $(id_sql "(now - ($ROWS - i) * (2592000000 / $ROWS)) * 1000" "$1"),
+       CASE WHEN i % 10 = 0 THEN 'globex' ELSE 'acme' END,
+       CASE WHEN i % 10 = 0 THEN 'carol' ELSE 'alice' END,
+       'sender' || (i % 7) || '@example.test',
+       'user' || (i % 50000) || '@example' || (i % 100) || '.net',
+       'bench-key-' || i,
+       4096,
+       CASE WHEN i % 100 IN (1, 2) THEN 'deferred' WHEN i % 100 = 3 THEN 'queued'
+            WHEN i % 200 = 4 THEN 'failed' ELSE 'delivered' END,
+       CASE WHEN i % 100 = 3 THEN 0 ELSE 1 END,
+       CASE WHEN i % 100 IN (1, 2, 3) THEN now + 3600000 ELSE NULL END,
+       CASE WHEN i % 100 IN (1, 2) THEN '451 4.7.1 try again later' ELSE NULL END,
+       now - ($ROWS - i) * (2592000000 / $ROWS),
+       now - ($ROWS - i) * (2592000000 / $ROWS)
+SQL
+}
 # The four hour partitions the last 3 hours' entries expire in, filled
 # from ledger_fill in acceptance order, each with its key index.
 ledger_partitions_sql() {
@@ -149,20 +170,7 @@ BEGIN;
 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $ROWS),
   t(now) AS (SELECT CAST(strftime('%s', 'now') AS INTEGER) * 1000)
 INSERT INTO queue ($FILL_COLUMNS)
-SELECT $(id_sql "(now - ($ROWS - i) * (2592000000 / $ROWS)) * 1000" INTEGER),
-       CASE WHEN i % 10 = 0 THEN 'globex' ELSE 'acme' END,
-       CASE WHEN i % 10 = 0 THEN 'carol' ELSE 'alice' END,
-       'sender' || (i % 7) || '@example.test',
-       'user' || (i % 50000) || '@example' || (i % 100) || '.net',
-       'bench-key-' || i,
-       4096,
-       CASE WHEN i % 100 IN (1, 2) THEN 'deferred' WHEN i % 100 = 3 THEN 'queued'
-            WHEN i % 200 = 4 THEN 'failed' ELSE 'delivered' END,
-       CASE WHEN i % 100 = 3 THEN 0 ELSE 1 END,
-       CASE WHEN i % 100 IN (1, 2, 3) THEN now + 3600000 ELSE NULL END,
-       CASE WHEN i % 100 IN (1, 2) THEN '451 4.7.1 try again later' ELSE NULL END,
-       now - ($ROWS - i) * (2592000000 / $ROWS),
-       now - ($ROWS - i) * (2592000000 / $ROWS)
+$(queue_fill_select INTEGER)
 FROM n, t;
 -- The ledger as acceptance leaves it: an entry for each message of the
 -- last 3 hours (the retention), older ones purged. SQLite finds a key
@@ -185,20 +193,7 @@ SQL
 fill_postgres() {
   psql "$PG_URL/$PG_DB" -qAt -v ON_ERROR_STOP=1 <<SQL
 INSERT INTO queue ($FILL_COLUMNS)
-SELECT $(id_sql "(now - ($ROWS - i) * (2592000000 / $ROWS)) * 1000" int),
-       CASE WHEN i % 10 = 0 THEN 'globex' ELSE 'acme' END,
-       CASE WHEN i % 10 = 0 THEN 'carol' ELSE 'alice' END,
-       'sender' || (i % 7) || '@example.test',
-       'user' || (i % 50000) || '@example' || (i % 100) || '.net',
-       'bench-key-' || i,
-       4096,
-       CASE WHEN i % 100 IN (1, 2) THEN 'deferred' WHEN i % 100 = 3 THEN 'queued'
-            WHEN i % 200 = 4 THEN 'failed' ELSE 'delivered' END,
-       CASE WHEN i % 100 = 3 THEN 0 ELSE 1 END,
-       CASE WHEN i % 100 IN (1, 2, 3) THEN now + 3600000 ELSE NULL END,
-       CASE WHEN i % 100 IN (1, 2) THEN '451 4.7.1 try again later' ELSE NULL END,
-       now - ($ROWS - i) * (2592000000 / $ROWS),
-       now - ($ROWS - i) * (2592000000 / $ROWS)
+$(queue_fill_select int)
 FROM generate_series(1, $ROWS) AS i,
      (SELECT (extract(epoch FROM now()) * 1000)::bigint AS now) AS t;
 VACUUM ANALYZE queue;

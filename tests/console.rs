@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::http::{Request, Response};
+use common::http::{Request, Response, submit_raw};
 use common::pg::TestDb;
 use common::webhook::{Receiver, closed_port, endpoint_toml, secret};
 use common::{Daemon, Options, Store, api_token, operator_user, wait_until};
@@ -174,17 +174,8 @@ async fn submit(http: SocketAddr, subject: &str, key: &str) -> String {
     let message = format!(
         "From: Alice <alice@example.test>\r\nTo: r@example.net\r\nSubject: {subject}\r\n\r\nHello.\r\n"
     );
-    let r = Request::new(
-        "POST",
-        "/v1/messages?from=alice%40example.test&to=r%40example.net",
-    )
-    .bearer(&api_token("alice"))
-    .header("Idempotency-Key", key)
-    .body("message/rfc822", message.as_bytes())
-    .send(http)
-    .await;
-    assert_eq!(r.status, 202, "{r:?}");
-    r.json()["id"].as_str().expect("id").to_owned()
+    let envelope = ("alice@example.test", "r@example.net");
+    submit_raw(http, "alice", envelope, Some(key), message.as_bytes()).await
 }
 
 async fn state_of(http: SocketAddr, id: &str) -> String {

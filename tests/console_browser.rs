@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::http::Request;
+use common::http::{Request, submit_raw};
 use common::pg::TestDb;
 use common::tiny::Tiny;
 use common::webhook::{Receiver, endpoint_toml, secret};
@@ -86,19 +86,7 @@ async fn submit(
         "From: <{from}>\r\nTo: <{to}>\r\nSubject: {subject}\r\nMessage-ID: <{key}@example.test>\r\n\r\n\
          Hello from the console's browser test.\r\n"
     );
-    let target = format!(
-        "/v1/messages?from={}&to={}",
-        from.replace('@', "%40"),
-        to.replace('@', "%40")
-    );
-    let r = Request::new("POST", &target)
-        .bearer(&api_token(user))
-        .header("Idempotency-Key", key)
-        .body("message/rfc822", message.as_bytes())
-        .send(http)
-        .await;
-    assert_eq!(r.status, 202, "{r:?}");
-    r.json()["id"].as_str().expect("id").to_owned()
+    submit_raw(http, user, (from, to), Some(key), message.as_bytes()).await
 }
 
 async fn wait_state(http: SocketAddr, user: &str, id: &str, wants: &str) {

@@ -12,7 +12,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::http::{Request, Response};
+use common::http::{Request, Response, submit_raw};
 use common::pg::TestDb;
 use common::webhook::{Receiver, endpoint_toml, secret};
 use common::{
@@ -29,16 +29,8 @@ fn raw_message(subject: &str) -> Vec<u8> {
 }
 
 async fn submit(api: std::net::SocketAddr, subject: &str) -> String {
-    let r = Request::new(
-        "POST",
-        "/v1/messages?from=alice%40example.test&to=r%40example.net",
-    )
-    .bearer(&api_token("alice"))
-    .body(RAW, &raw_message(subject))
-    .send(api)
-    .await;
-    assert_eq!(r.status, 202, "{r:?}");
-    r.json()["id"].as_str().expect("id").to_owned()
+    let envelope = ("alice@example.test", "r@example.net");
+    submit_raw(api, "alice", envelope, None, &raw_message(subject)).await
 }
 
 fn action<'a>(method: &'a str, path: &'a str, token: &str, key: Option<&str>) -> Request<'a> {

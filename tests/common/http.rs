@@ -159,3 +159,27 @@ fn dechunk(mut data: &[u8]) -> Vec<u8> {
         data = &data[end + 2 + size + 2..];
     }
 }
+
+/// Submits a raw message through the API as `user`, from `from` to `to`
+/// (with `key` as its `Idempotency-Key` if given); the queue id of the
+/// `202` it must get.
+pub(crate) async fn submit_raw(
+    api: SocketAddr,
+    user: &str,
+    (from, to): (&str, &str),
+    key: Option<&str>,
+    message: &[u8],
+) -> String {
+    let target = format!(
+        "/v1/messages?from={}&to={}",
+        from.replace('@', "%40"),
+        to.replace('@', "%40")
+    );
+    let mut request = Request::new("POST", &target).bearer(&super::api_token(user));
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    let r = request.body("message/rfc822", message).send(api).await;
+    assert_eq!(r.status, 202, "{r:?}");
+    r.json()["id"].as_str().expect("id").to_owned()
+}
