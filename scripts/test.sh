@@ -61,7 +61,9 @@ apt_need openssl openssl
 apt_need chromium /usr/bin/chromium
 if [ ! -d tests/console/node_modules/playwright-core ]; then
   echo "scripts/test.sh: installing tests/console's node packages" >&2
-  npm ci --prefix tests/console --no-audit --no-fund --silent
+  # One retry: the registry has failed a first fetch here once.
+  npm ci --prefix tests/console --no-audit --no-fund --silent ||
+    { sleep 5; npm ci --prefix tests/console --no-audit --no-fund --silent; }
 fi
 
 # tests/metrics.rs pipes /metrics into `promtool check metrics`; it fails
