@@ -34,7 +34,9 @@ fn claim_on(
     limit: usize,
     skip: &str,
 ) -> rusqlite::Result<Vec<String>> {
-    // One index range per state (queue_due is (state, next_attempt_at)),
+    // One index range per state (queue_due is (state, next_attempt_at),
+    // live rows only: each arm names or implies `next_attempt_at IS NOT
+    // NULL`, or SQLite may not use it),
     // each cut to `limit`: finished rows pile up in the same table until
     // they are purged, and an OR across states would scan them all.
     let mut stmt = tx.prepare_cached(
@@ -51,7 +53,8 @@ fn claim_on(
                ORDER BY next_attempt_at LIMIT ?3)
              UNION ALL
              SELECT id, due FROM (SELECT id, lease_until AS due FROM queue
-               WHERE state = 'delivering' AND lease_until <= ?1
+               WHERE state = 'delivering' AND next_attempt_at IS NOT NULL
+                 AND lease_until <= ?1
                  AND instr(char(10) || ?4 || char(10), char(10) || id || char(10)) = 0
                LIMIT ?3))
            ORDER BY due LIMIT ?3)
@@ -121,19 +124,16 @@ fn record_on(tx: &Transaction<'_>, o: &AttemptOutcome) -> rusqlite::Result<Optio
     let Some(current) = current else {
         return Ok(None);
     };
-    let mut insert = tx.prepare_cached(
-        "INSERT INTO delivery_attempt (queue_id, recipient, at, outcome, reply, next_hop)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?;
     for row in &o.rows {
-        insert.execute(params![
-            o.id,
-            row.recipient,
+        insert_attempt(
+            tx,
+            &o.id,
+            &row.recipient,
             o.at,
             row.outcome,
-            row.reply,
-            row.next_hop
-        ])?;
+            &row.reply,
+            row.next_hop.as_deref(),
+        )?;
     }
     let state = after_attempt(o.state, &current);
     // An attempt that only delivered keeps an earlier failure visible,
@@ -164,18 +164,40 @@ fn record_on(tx: &Transaction<'_>, o: &AttemptOutcome) -> rusqlite::Result<Optio
     Ok(Some(state))
 }
 
+/// One recipient's attempt row, numbered after the message's earlier ones
+/// (the table is keyed by `(queue_id, id)`, schema migration 7). Delivery
+/// records here, operators' cancellations in `admin`.
+pub(super) fn insert_attempt(
+    tx: &Transaction<'_>,
+    queue_id: &str,
+    recipient: &str,
+    at: UnixMillis,
+    outcome: &str,
+    reply: &str,
+    next_hop: Option<&str>,
+) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO delivery_attempt (queue_id, id, recipient, at, outcome, reply, next_hop)
+         VALUES (?1, (SELECT COALESCE(MAX(id), 0) + 1 FROM delivery_attempt WHERE queue_id = ?1),
+                 ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![queue_id, recipient, at, outcome, reply, next_hop])?;
+    Ok(())
+}
+
 fn release_all_on(tx: &Transaction<'_>, now: UnixMillis) -> rusqlite::Result<usize> {
     // Held during an attempt that will never record: nothing waits for
     // that lease.
     tx.execute(
-        "UPDATE queue SET lease_until = NULL WHERE state = 'held' AND lease_until IS NOT NULL",
+        "UPDATE queue SET lease_until = NULL
+         WHERE state = 'held' AND next_attempt_at IS NOT NULL AND lease_until IS NOT NULL",
         [],
     )?;
     tx.execute(
         &format!(
             "UPDATE queue SET state = {UNCLAIMED_STATE}, lease_until = NULL,
                 next_attempt_at = ?1, updated_at = ?1
-             WHERE state = 'delivering'"
+             WHERE state = 'delivering' AND next_attempt_at IS NOT NULL"
         ),
         [now],
     )
@@ -186,13 +208,32 @@ fn purge_finished_on(
     before: UnixMillis,
     limit: usize,
 ) -> rusqlite::Result<usize> {
-    let ids: Vec<String> = tx
-        .prepare_cached(
-            "SELECT id FROM queue WHERE state IN ('delivered', 'failed', 'expired', 'cancelled')
-               AND updated_at <= ?1 LIMIT ?2",
-        )?
-        .query_map(params![before, limit_param(limit)], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
+    // Oldest first, in id order, which is acceptance order: finished rows
+    // are in no index since migration 7. The walk stops at the first row
+    // accepted after `before`: a row finished by then was accepted by
+    // then, and one that sorts later (an id from a clock that stepped) is
+    // reached once `before` has passed it.
+    let mut ids = Vec::new();
+    let mut stmt = tx.prepare_cached(
+        "SELECT id, state IN ('delivered', 'failed', 'expired', 'cancelled'),
+                    updated_at, created_at
+             FROM queue ORDER BY id",
+    )?;
+    let mut rows = stmt.query([])?;
+    while ids.len() < limit
+        && let Some(r) = rows.next()?
+    {
+        let (finished, updated_at, created_at): (bool, i64, i64) =
+            (r.get(1)?, r.get(2)?, r.get(3)?);
+        if created_at > before {
+            break;
+        }
+        if finished && updated_at <= before {
+            ids.push(r.get::<_, String>(0)?);
+        }
+    }
+    drop(rows);
+    drop(stmt);
     for id in &ids {
         tx.execute("DELETE FROM delivery_attempt WHERE queue_id = ?1", [id])?;
         tx.execute("DELETE FROM message_body WHERE queue_id = ?1", [id])?;
@@ -204,11 +245,14 @@ fn purge_finished_on(
 fn next_due_on(conn: &Connection, skip: &str) -> rusqlite::Result<Option<UnixMillis>> {
     conn.prepare_cached(
         "SELECT MIN(t) FROM (
-           SELECT MIN(next_attempt_at) AS t FROM queue WHERE state = 'queued'
+           SELECT MIN(next_attempt_at) AS t FROM queue
+             WHERE state = 'queued' AND next_attempt_at IS NOT NULL
            UNION ALL
-           SELECT MIN(next_attempt_at) FROM queue WHERE state = 'deferred'
+           SELECT MIN(next_attempt_at) FROM queue
+             WHERE state = 'deferred' AND next_attempt_at IS NOT NULL
            UNION ALL
-           SELECT MIN(lease_until) FROM queue WHERE state = 'delivering'
+           SELECT MIN(lease_until) FROM queue
+             WHERE state = 'delivering' AND next_attempt_at IS NOT NULL
              AND instr(char(10) || ?1 || char(10), char(10) || id || char(10)) = 0)",
     )?
     .query_row([skip], |r| r.get(0))
@@ -276,7 +320,8 @@ impl DeliveryQueue for SqliteStore {
         let ids = id_list(&ids);
         self.submit(writer::Job::new(false, move |tx| {
             tx.prepare_cached(
-                "UPDATE queue SET lease_until = ?1 WHERE state = 'delivering'
+                "UPDATE queue SET lease_until = ?1
+                 WHERE state = 'delivering' AND next_attempt_at IS NOT NULL
                    AND instr(char(10) || ?2 || char(10), char(10) || id || char(10)) > 0",
             )?
             .execute(params![lease_until, ids])

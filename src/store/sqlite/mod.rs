@@ -9,6 +9,7 @@ mod identity;
 mod inspect;
 mod ledger_key;
 mod ledger_partition;
+mod ledger_reply;
 mod outbox;
 mod probe;
 mod schema;
@@ -282,10 +283,11 @@ fn lookup_on(
         if fp.len() == 32 {
             fingerprint.copy_from_slice(&fp);
         }
+        let queue_id: Option<String> = row.get(2)?;
         Ok(LedgerEntry {
             fingerprint,
-            reply: row.get(1)?,
-            queue_id: row.get(2)?,
+            reply: ledger_reply::unpack(row.get(1)?, queue_id.as_deref()),
+            queue_id,
             created_at: row.get(3)?,
             expires_at: row.get(4)?,
         })

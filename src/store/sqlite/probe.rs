@@ -25,7 +25,10 @@ pub(super) fn queue_depth_on(conn: &Connection, now: UnixMillis) -> rusqlite::Re
     // a single statement would see them.
     let tx = conn.unchecked_transaction()?;
     let mut counts = Vec::new();
-    let mut stmt = tx.prepare_cached("SELECT COUNT(*) FROM queue WHERE state = ?1")?;
+    // Live rows only are in `queue_due`, which the second term names.
+    let mut stmt = tx.prepare_cached(
+        "SELECT COUNT(*) FROM queue WHERE state = ?1 AND next_attempt_at IS NOT NULL",
+    )?;
     for state in COUNTED {
         let n: i64 = stmt.query_row([state.as_str()], |r| r.get(0))?;
         // A state with none is left out, as GROUP BY would.
@@ -37,7 +40,8 @@ pub(super) fn queue_depth_on(conn: &Connection, now: UnixMillis) -> rusqlite::Re
     let oldest: Option<i64> = tx
         .prepare_cached(
             "SELECT MIN(created_at) FROM queue
-             WHERE state IN ('queued', 'deferred', 'delivering')",
+             WHERE state IN ('queued', 'deferred', 'delivering')
+               AND next_attempt_at IS NOT NULL",
         )?
         .query_row([], |r| r.get(0))?;
     tx.finish()?;
@@ -60,12 +64,12 @@ mod tests {
         super::super::schema::migrate(&mut conn).expect("schema");
         conn.execute_batch(
             "INSERT INTO queue (id, workspace, account, reverse_path, recipients, size, state,
-                                created_at, updated_at)
-             VALUES ('Q1', 'w', 'a', 's@x', 'r@y', 1, 'queued', 9000, 9000),
-                    ('Q2', 'w', 'a', 's@x', 'r@y', 1, 'queued', 9500, 9500),
-                    ('D1', 'w', 'a', 's@x', 'r@y', 1, 'deferred', 8000, 8000),
-                    ('H1', 'w', 'a', 's@x', 'r@y', 1, 'held', 100, 100),
-                    ('F1', 'w', 'a', 's@x', 'r@y', 1, 'delivered', 50, 50);",
+                                next_attempt_at, created_at, updated_at)
+             VALUES ('Q1', 'w', 'a', 's@x', 'r@y', 1, 'queued', 9000, 9000, 9000),
+                    ('Q2', 'w', 'a', 's@x', 'r@y', 1, 'queued', 9500, 9500, 9500),
+                    ('D1', 'w', 'a', 's@x', 'r@y', 1, 'deferred', 8500, 8000, 8000),
+                    ('H1', 'w', 'a', 's@x', 'r@y', 1, 'held', 100, 100, 100),
+                    ('F1', 'w', 'a', 's@x', 'r@y', 1, 'delivered', NULL, 50, 50);",
         )
         .expect("rows");
         let depth = queue_depth_on(&conn, 10_000).expect("depth");

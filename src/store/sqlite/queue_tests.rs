@@ -228,11 +228,11 @@ async fn finished_messages_are_purged_after_keep_finished() {
          VALUES ('D1', 'w', 'a', 's@x', 'r@y', 1, 'delivered', 1, NULL, 100, 200),
                 ('F1', 'w', 'a', 's@x', 'r@y', 1, 'failed', 1, NULL, 100, 300),
                 ('D2', 'w', 'a', 's@x', 'r@y', 1, 'delivered', 1, NULL, 100, 900),
-                ('H1', 'w', 'a', 's@x', 'r@y', 1, 'held', 0, NULL, 100, 100);
+                ('H1', 'w', 'a', 's@x', 'r@y', 1, 'held', 0, 100, 100, 100);
          INSERT INTO message_body (queue_id, trace, body)
            VALUES ('D1', 'T', x'42'), ('F1', 'T', x'42'), ('D2', 'T', x'42'), ('H1', 'T', x'42');
-         INSERT INTO delivery_attempt (queue_id, recipient, at, outcome, reply)
-           VALUES ('D1', 'r@y', 200, 'delivered', '250 ok');",
+         INSERT INTO delivery_attempt (queue_id, id, recipient, at, outcome, reply)
+           VALUES ('D1', 1, 'r@y', 200, 'delivered', '250 ok');",
     );
     assert_eq!(store.purge_finished(500, 1).await.expect("purge"), 1);
     assert_eq!(store.purge_finished(500, 10).await.expect("purge"), 1);

@@ -8,7 +8,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::classify;
 use super::identity::DataDirIdentity;
-use super::{ledger_key, ledger_partition};
+use super::{ledger_key, ledger_partition, ledger_reply};
 use crate::store::batch::{self, Answer, Answers, Pending, Reply, Wakers};
 use crate::store::{
     Acceptance, CommitOutcome, NewEvent, NewLedgerEntry, NewMessage, StoreError, UnixMillis,
@@ -202,7 +202,7 @@ pub(crate) fn insert_ledger(tx: &Transaction<'_>, l: &NewLedgerEntry) -> rusqlit
             l.workspace,
             l.key,
             &e.fingerprint[..],
-            e.reply,
+            ledger_reply::pack(&e.reply, e.queue_id.as_deref()),
             e.queue_id,
             e.created_at,
             e.expires_at
