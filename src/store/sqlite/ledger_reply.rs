@@ -77,7 +77,7 @@ mod tests {
         let reply = format!("250 2.0.0 Ok: queued as {ID}\r\n").into_bytes();
         let stored = pack(&reply, Some(ID));
         assert_eq!(stored.len(), reply.len() + 3 - ID.len());
-        assert!(!find(&stored, ID.as_bytes()).is_some());
+        assert!(find(&stored, ID.as_bytes()).is_none());
         assert_eq!(round_trip(&reply, Some(ID)), reply);
     }
 
