@@ -293,7 +293,7 @@ fn list_query(filter: ListFilter) -> (String, Vec<rusqlite::types::Value>) {
         } else {
             // Live rows are few, and all in the partial `queue_due`,
             // which SQLite uses only when a term names its condition.
-            "state = ? AND next_attempt_at IS NOT NULL"
+            "next_attempt_at IS NOT NULL AND state = ?"
         };
         add(condition, Value::Text(state.as_str().to_owned()));
     }

@@ -14,6 +14,11 @@ use crate::store::{
     AttemptOutcome, BoxFuture, ClaimedMessage, DeliveryQueue, MessageState, StoreError, UnixMillis,
 };
 
+// `queue_due` holds live rows only (schema migration 7): those with a
+// next attempt. Every query of live rows names `next_attempt_at IS NOT
+// NULL`, or SQLite would not use it. (`plan_once` keeps SQLite from
+// preparing them again when their parameters change.)
+
 /// `'delivering'` rows go back to the state they were claimed from.
 const UNCLAIMED_STATE: &str = "CASE WHEN attempts > 0 THEN 'deferred' ELSE 'queued' END";
 
@@ -27,6 +32,28 @@ fn limit_param(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
+/// One index range per state (`queue_due` is (state, next_attempt_at),
+/// live rows only), each cut to `limit`: finished rows pile up in the same
+/// table until they are purged, and an OR across states would scan them.
+const CLAIM: &str = "UPDATE queue SET state = 'delivering', lease_until = ?2, updated_at = ?1
+         WHERE id IN (SELECT id FROM (
+             SELECT id, due FROM (SELECT id, next_attempt_at AS due FROM queue
+               WHERE next_attempt_at IS NOT NULL AND state = 'queued' AND next_attempt_at <= ?1
+                 AND instr(char(10) || ?4 || char(10), char(10) || id || char(10)) = 0
+               ORDER BY next_attempt_at LIMIT ?3)
+             UNION ALL
+             SELECT id, due FROM (SELECT id, next_attempt_at AS due FROM queue
+               WHERE next_attempt_at IS NOT NULL AND state = 'deferred' AND next_attempt_at <= ?1
+                 AND instr(char(10) || ?4 || char(10), char(10) || id || char(10)) = 0
+               ORDER BY next_attempt_at LIMIT ?3)
+             UNION ALL
+             SELECT id, due FROM (SELECT id, lease_until AS due FROM queue
+               WHERE next_attempt_at IS NOT NULL AND state = 'delivering' AND lease_until <= ?1
+                 AND instr(char(10) || ?4 || char(10), char(10) || id || char(10)) = 0
+               LIMIT ?3))
+           ORDER BY due LIMIT ?3)
+         RETURNING id, next_attempt_at";
+
 fn claim_on(
     tx: &Transaction<'_>,
     now: UnixMillis,
@@ -34,32 +61,7 @@ fn claim_on(
     limit: usize,
     skip: &str,
 ) -> rusqlite::Result<Vec<String>> {
-    // One index range per state (queue_due is (state, next_attempt_at),
-    // live rows only: each arm names or implies `next_attempt_at IS NOT
-    // NULL`, or SQLite may not use it),
-    // each cut to `limit`: finished rows pile up in the same table until
-    // they are purged, and an OR across states would scan them all.
-    let mut stmt = tx.prepare_cached(
-        "UPDATE queue SET state = 'delivering', lease_until = ?2, updated_at = ?1
-         WHERE id IN (SELECT id FROM (
-             SELECT id, due FROM (SELECT id, next_attempt_at AS due FROM queue
-               WHERE state = 'queued' AND next_attempt_at <= ?1
-                 AND instr(char(10) || ?4 || char(10), char(10) || id || char(10)) = 0
-               ORDER BY next_attempt_at LIMIT ?3)
-             UNION ALL
-             SELECT id, due FROM (SELECT id, next_attempt_at AS due FROM queue
-               WHERE state = 'deferred' AND next_attempt_at <= ?1
-                 AND instr(char(10) || ?4 || char(10), char(10) || id || char(10)) = 0
-               ORDER BY next_attempt_at LIMIT ?3)
-             UNION ALL
-             SELECT id, due FROM (SELECT id, lease_until AS due FROM queue
-               WHERE state = 'delivering' AND next_attempt_at IS NOT NULL
-                 AND lease_until <= ?1
-                 AND instr(char(10) || ?4 || char(10), char(10) || id || char(10)) = 0
-               LIMIT ?3))
-           ORDER BY due LIMIT ?3)
-         RETURNING id, next_attempt_at",
-    )?;
+    let mut stmt = tx.prepare_cached(CLAIM)?;
     let mut claimed = stmt
         .query_map(params![now, lease_until, limit_param(limit), skip], |r| {
             Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
@@ -164,6 +166,11 @@ fn record_on(tx: &Transaction<'_>, o: &AttemptOutcome) -> rusqlite::Result<Optio
     Ok(Some(state))
 }
 
+const LAST_ATTEMPT: &str = "SELECT COALESCE(MAX(id), 0) FROM delivery_attempt WHERE queue_id = ?1";
+const INSERT_ATTEMPT: &str =
+    "INSERT INTO delivery_attempt (queue_id, id, recipient, at, outcome, reply, next_hop)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+
 /// One recipient's attempt row, numbered after the message's earlier ones
 /// (the table is keyed by `(queue_id, id)`, schema migration 7). Delivery
 /// records here, operators' cancellations in `admin`.
@@ -176,12 +183,20 @@ pub(super) fn insert_attempt(
     reply: &str,
     next_hop: Option<&str>,
 ) -> rusqlite::Result<()> {
-    tx.prepare_cached(
-        "INSERT INTO delivery_attempt (queue_id, id, recipient, at, outcome, reply, next_hop)
-         VALUES (?1, (SELECT COALESCE(MAX(id), 0) + 1 FROM delivery_attempt WHERE queue_id = ?1),
-                 ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(params![queue_id, recipient, at, outcome, reply, next_hop])?;
+    // Two statements: the number as a subquery of the INSERT made SQLite
+    // prepare the INSERT again at every execution.
+    let last: i64 = tx
+        .prepare_cached(LAST_ATTEMPT)?
+        .query_row([queue_id], |r| r.get(0))?;
+    tx.prepare_cached(INSERT_ATTEMPT)?.execute(params![
+        queue_id,
+        last + 1,
+        recipient,
+        at,
+        outcome,
+        reply,
+        next_hop
+    ])?;
     Ok(())
 }
 
@@ -190,14 +205,14 @@ fn release_all_on(tx: &Transaction<'_>, now: UnixMillis) -> rusqlite::Result<usi
     // that lease.
     tx.execute(
         "UPDATE queue SET lease_until = NULL
-         WHERE state = 'held' AND next_attempt_at IS NOT NULL AND lease_until IS NOT NULL",
+         WHERE next_attempt_at IS NOT NULL AND state = 'held' AND lease_until IS NOT NULL",
         [],
     )?;
     tx.execute(
         &format!(
             "UPDATE queue SET state = {UNCLAIMED_STATE}, lease_until = NULL,
                 next_attempt_at = ?1, updated_at = ?1
-             WHERE state = 'delivering' AND next_attempt_at IS NOT NULL"
+             WHERE next_attempt_at IS NOT NULL AND state = 'delivering'"
         ),
         [now],
     )
@@ -242,20 +257,20 @@ fn purge_finished_on(
     Ok(ids.len())
 }
 
-fn next_due_on(conn: &Connection, skip: &str) -> rusqlite::Result<Option<UnixMillis>> {
-    conn.prepare_cached(
-        "SELECT MIN(t) FROM (
+const NEXT_DUE: &str = "SELECT MIN(t) FROM (
            SELECT MIN(next_attempt_at) AS t FROM queue
-             WHERE state = 'queued' AND next_attempt_at IS NOT NULL
+             WHERE next_attempt_at IS NOT NULL AND state = 'queued'
            UNION ALL
            SELECT MIN(next_attempt_at) FROM queue
-             WHERE state = 'deferred' AND next_attempt_at IS NOT NULL
+             WHERE next_attempt_at IS NOT NULL AND state = 'deferred'
            UNION ALL
            SELECT MIN(lease_until) FROM queue
-             WHERE state = 'delivering' AND next_attempt_at IS NOT NULL
-             AND instr(char(10) || ?1 || char(10), char(10) || id || char(10)) = 0)",
-    )?
-    .query_row([skip], |r| r.get(0))
+             WHERE next_attempt_at IS NOT NULL AND state = 'delivering'
+             AND instr(char(10) || ?1 || char(10), char(10) || id || char(10)) = 0)";
+
+fn next_due_on(conn: &Connection, skip: &str) -> rusqlite::Result<Option<UnixMillis>> {
+    conn.prepare_cached(NEXT_DUE)?
+        .query_row([skip], |r| r.get(0))
 }
 
 /// Runs a read on the blocking pool: a batch of claimed bodies can be large.
@@ -321,7 +336,7 @@ impl DeliveryQueue for SqliteStore {
         self.submit(writer::Job::new(false, move |tx| {
             tx.prepare_cached(
                 "UPDATE queue SET lease_until = ?1
-                 WHERE state = 'delivering' AND next_attempt_at IS NOT NULL
+                 WHERE next_attempt_at IS NOT NULL AND state = 'delivering'
                    AND instr(char(10) || ?2 || char(10), char(10) || id || char(10)) > 0",
             )?
             .execute(params![lease_until, ids])

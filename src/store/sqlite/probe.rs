@@ -20,15 +20,17 @@ const COUNTED: [MessageState; 4] = [
 /// index (27 ms against 50 to 80 ms at 1,000,000 queued rows). The oldest
 /// age reads `created_at` from each live row (no index has it): 100 to
 /// 150 ms there, done by the metrics listener's background task.
+/// Live rows only are in `queue_due`, whose condition the first term
+/// names (see `delivery_queue`).
+pub(super) const COUNT: &str =
+    "SELECT COUNT(*) FROM queue WHERE next_attempt_at IS NOT NULL AND state = ?1";
+
 pub(super) fn queue_depth_on(conn: &Connection, now: UnixMillis) -> rusqlite::Result<QueueDepth> {
     // One read transaction: the counts and the age from one snapshot, as
     // a single statement would see them.
     let tx = conn.unchecked_transaction()?;
     let mut counts = Vec::new();
-    // Live rows only are in `queue_due`, which the second term names.
-    let mut stmt = tx.prepare_cached(
-        "SELECT COUNT(*) FROM queue WHERE state = ?1 AND next_attempt_at IS NOT NULL",
-    )?;
+    let mut stmt = tx.prepare_cached(COUNT)?;
     for state in COUNTED {
         let n: i64 = stmt.query_row([state.as_str()], |r| r.get(0))?;
         // A state with none is left out, as GROUP BY would.
@@ -40,8 +42,8 @@ pub(super) fn queue_depth_on(conn: &Connection, now: UnixMillis) -> rusqlite::Re
     let oldest: Option<i64> = tx
         .prepare_cached(
             "SELECT MIN(created_at) FROM queue
-             WHERE state IN ('queued', 'deferred', 'delivering')
-               AND next_attempt_at IS NOT NULL",
+             WHERE next_attempt_at IS NOT NULL
+               AND state IN ('queued', 'deferred', 'delivering')",
         )?
         .query_row([], |r| r.get(0))?;
     tx.finish()?;
