@@ -245,7 +245,11 @@ fn ledger_in_partitions(tx: &Transaction<'_>) -> rusqlite::Result<()> {
 /// a message's attempt rows (rows copied here keep their old, larger,
 /// still increasing ids). `queue_due` keeps only rows with a next attempt:
 /// finished rows have none (24 bytes a message), and every query of live
-/// rows names `next_attempt_at IS NOT NULL`, so SQLite may use it.
+/// rows names `next_attempt_at IS NOT NULL`, so SQLite may use it. It has
+/// `created_at` too, so the depth gauges' oldest age reads the index
+/// alone: a row found by its id in a `WITHOUT ROWID` table is a search by
+/// text key, and one per live row took the count of 1,400,000 queued
+/// messages to 1.4 s (every 2 s).
 fn compact_queue(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     tx.execute_batch(
         "CREATE TABLE queue_compact (
@@ -289,7 +293,7 @@ fn compact_queue(tx: &Transaction<'_>) -> rusqlite::Result<()> {
          DROP TABLE queue;
          ALTER TABLE queue_compact RENAME TO queue;
          ALTER TABLE delivery_attempt_compact RENAME TO delivery_attempt;
-         CREATE INDEX queue_due ON queue(state, next_attempt_at)
+         CREATE INDEX queue_due ON queue(state, next_attempt_at, created_at)
            WHERE next_attempt_at IS NOT NULL;
          CREATE INDEX queue_workspace ON queue(workspace, id);",
     )?;
@@ -433,6 +437,13 @@ mod tests {
              ORDER BY next_attempt_at LIMIT 3",
         );
         assert!(due.contains("queue_due"), "{due}");
+        // The depth gauges' oldest age: the index alone, no row read by id.
+        let oldest = plan(
+            &conn,
+            "SELECT MIN(created_at) FROM queue WHERE next_attempt_at IS NOT NULL \
+             AND state IN ('queued', 'deferred', 'delivering')",
+        );
+        assert!(oldest.contains("COVERING INDEX queue_due"), "{oldest}");
 
         conn.execute("DELETE FROM queue WHERE id = 'B2'", [])
             .expect("delete");
@@ -456,20 +467,7 @@ mod tests {
     /// its key, in acceptance order, until its partition is purged.
     #[test]
     fn migrations_4_and_6_keep_every_ledger_entry() {
-        let mut conn = Connection::open_in_memory().expect("db");
-        conn.execute_batch("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-            .expect("version table");
-        for (i, step) in MIGRATIONS.iter().enumerate().take(3) {
-            let Sql(sql) = step else {
-                panic!("steps 1-3 are SQL")
-            };
-            conn.execute_batch(sql).expect("old step");
-            conn.execute(
-                "INSERT INTO schema_version VALUES (?1)",
-                [i64::try_from(i + 1).expect("small")],
-            )
-            .expect("version");
-        }
+        let mut conn = migrated_to(3);
         let hour = 3_600_000;
         for (key, created) in [
             ("b-key", 2_000),
