@@ -239,13 +239,7 @@ async fn finished_messages_are_purged_after_keep_finished() {
     assert_eq!(store.purge_finished(500, 10).await.expect("purge"), 1);
     assert_eq!(store.purge_finished(500, 10).await.expect("purge"), 0);
     let conn = rusqlite::Connection::open(store.db_path()).expect("open");
-    let left: Vec<String> = conn
-        .prepare("SELECT id FROM queue ORDER BY id")
-        .expect("prepare")
-        .query_map([], |r| r.get(0))
-        .expect("query")
-        .collect::<Result<_, _>>()
-        .expect("rows");
+    let left = super::super::tests::strings(&conn, "SELECT id FROM queue ORDER BY id");
     assert_eq!(left, ["D2", "H1", "Q1"], "recent, unfinished and held stay");
     let orphans: i64 = conn
         .query_row(

@@ -313,6 +313,7 @@ fn compact_queue(tx: &Transaction<'_>) -> rusqlite::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::strings;
     use super::*;
 
     fn latest() -> u32 {
@@ -409,13 +410,10 @@ mod tests {
         )
         .expect("attempt");
         tx.commit().expect("commit");
-        let replies: Vec<String> = conn
-            .prepare("SELECT reply FROM delivery_attempt WHERE queue_id = 'B2' ORDER BY id")
-            .expect("prepare")
-            .query_map([], |r| r.get(0))
-            .expect("query")
-            .collect::<Result<_, _>>()
-            .expect("rows");
+        let replies = strings(
+            &conn,
+            "SELECT reply FROM delivery_attempt WHERE queue_id = 'B2' ORDER BY id",
+        );
         assert_eq!(replies, ["451 first", "451 second", "250 third"]);
 
         let in_due: i64 = conn
@@ -487,13 +485,7 @@ mod tests {
             .expect("old row");
         }
         assert_eq!(migrate(&mut conn).expect("migrate"), latest());
-        let order: Vec<String> = conn
-            .prepare("SELECT key FROM ledger_p3600_3 ORDER BY id")
-            .expect("prepare")
-            .query_map([], |r| r.get(0))
-            .expect("query")
-            .collect::<Result<_, _>>()
-            .expect("rows");
+        let order = strings(&conn, "SELECT key FROM ledger_p3600_3 ORDER BY id");
         assert_eq!(order, ["a-key", "b-key", "c-key"]);
         let found = super::super::lookup_on(&conn, "default", "b-key", 5_000)
             .expect("lookup")

@@ -2,6 +2,16 @@
 //! commit keeping one row per key, expiry, and the data-directory lock.
 
 use super::SqliteStore;
+
+/// The first column of every row `sql` returns, as text.
+pub(super) fn strings(conn: &rusqlite::Connection, sql: &str) -> Vec<String> {
+    conn.prepare(sql)
+        .expect("prepare")
+        .query_map([], |r| r.get(0))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows")
+}
 use crate::store::{
     Acceptance, CommitOutcome, LedgerEntry, NewLedgerEntry, NewMessage, Store, StoreError,
 };
@@ -192,13 +202,10 @@ async fn a_live_entry_in_another_partition_holds_its_key() {
         Some(Some("q5".into()))
     );
     let conn = rusqlite::Connection::open(store.db_path()).expect("open");
-    let tables: Vec<String> = conn
-        .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' AND name LIKE 'ledger_p%' ORDER BY name")
-        .expect("prepare")
-        .query_map([], |r| r.get(0))
-        .expect("query")
-        .collect::<Result<_, _>>()
-        .expect("rows");
+    let tables = strings(
+        &conn,
+        "SELECT name FROM sqlite_schema WHERE type = 'table' AND name LIKE 'ledger_p%' ORDER BY name",
+    );
     assert_eq!(
         tables,
         ["ledger_p3600_5", "ledger_p3600_6"],
