@@ -44,7 +44,8 @@ pub struct QueueCount {
 
 impl QueueCount {
     /// Counts once before returning (a first scrape shows the real queue,
-    /// not zeros), then every [`COUNT_EVERY`] until [`QueueCount::shutdown`].
+    /// not zeros), then again after each pause ([`pause_after`] the last
+    /// count's length) until [`QueueCount::shutdown`].
     pub async fn start(store: Arc<dyn Store>, backlog: Arc<Backlog>) -> Self {
         let mut took = count(&store, &backlog).await;
         let (stop, mut stopped) = watch::channel(false);

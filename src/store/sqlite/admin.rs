@@ -54,6 +54,7 @@ impl SqliteQueueAdmin {
         )
         .map_err(classify)?;
         let setup = |conn: &Connection| -> rusqlite::Result<bool> {
+            super::plan_once(conn)?;
             conn.busy_timeout(BUSY_TIMEOUT)?;
             conn.pragma_update(None, "journal_mode", "WAL")?;
             // The daemon's checkpoint thread copies the WAL back, and only

@@ -18,10 +18,11 @@ const WHOLE: u16 = u16::MAX;
 
 /// What the `reply` column holds for `reply` under `queue_id`.
 pub(super) fn pack<'a>(reply: &'a [u8], queue_id: Option<&str>) -> Cow<'a, [u8]> {
-    let found = queue_id
-        .filter(|id| !id.is_empty())
-        .and_then(|id| find(reply, id.as_bytes()).map(|at| (at, id.len())))
-        .and_then(|(at, len)| Some((u16::try_from(at).ok().filter(|&o| o != WHOLE)?, len)));
+    let found = queue_id.filter(|id| !id.is_empty()).and_then(|id| {
+        let at = find(reply, id.as_bytes())?;
+        let offset = u16::try_from(at).ok().filter(|&o| o != WHOLE)?;
+        Some((offset, id.len()))
+    });
     match found {
         Some((offset, len)) => {
             let at = usize::from(offset);

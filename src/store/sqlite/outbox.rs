@@ -266,6 +266,7 @@ impl OutboxDb {
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .map_err(classify)?;
+        super::plan_once(&conn).map_err(classify)?;
         conn.busy_timeout(Duration::from_secs(5))
             .map_err(classify)?;
         // Never checkpoint from here: the daemon's checkpoint thread does.
