@@ -24,6 +24,17 @@ const INTERVAL: Duration = Duration::from_millis(250);
 /// Past this WAL size, wait for a moment without writers so the WAL can
 /// restart from its beginning instead of growing under steady load.
 pub(super) const WAL_RESTART_BYTES: u64 = 128 * 1024 * 1024;
+/// How long a RESTART may wait for the writer's commit and then for
+/// readers. SQLite holds the write lock from the first wait to the end, so
+/// every acceptance waits with it: with the store's 2 s, a long read (the
+/// queue count at 2,000,000 queued, 0.36 s; an operator's listing) held
+/// acceptance still until it ended, up to half a second at a time under
+/// load (issue 24). Failing fast, the restart is tried again next round;
+/// the WAL grows a little meanwhile.
+const RESTART_WAIT: Duration = Duration::from_millis(20);
+/// At shutdown there is no acceptance to hold up: the last checkpoint
+/// waits as long as any statement would.
+const FINAL_WAIT: Duration = super::BUSY_TIMEOUT;
 
 pub(super) struct Checkpointer {
     stop: mpsc::Sender<()>,
@@ -46,7 +57,7 @@ impl Checkpointer {
 }
 
 fn run(db_path: &Path, stopped: &mpsc::Receiver<()>) {
-    let conn = match open_connection(db_path, false) {
+    let conn = match open_checkpoint_connection(db_path) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "checkpoint connection failed; WAL will grow until restart");
@@ -61,11 +72,9 @@ fn run(db_path: &Path, stopped: &mpsc::Receiver<()>) {
             Err(mpsc::RecvTimeoutError::Timeout)
         );
         let big = std::fs::metadata(&wal).is_ok_and(|m| m.len() > WAL_RESTART_BYTES);
-        let mode = if stopping || big {
-            "RESTART"
-        } else {
-            "PASSIVE"
-        };
+        if stopping {
+            let _ = conn.busy_timeout(FINAL_WAIT);
+        }
         match room_for_checkpoint(&conn, db_path) {
             Room::Short { needed, free } => {
                 if !postponed {
@@ -81,8 +90,8 @@ fn run(db_path: &Path, stopped: &mpsc::Receiver<()>) {
                     tracing::info!("disk has room again; WAL checkpoints resume");
                     postponed = false;
                 }
-                if let Err(e) = checkpoint(&conn, mode) {
-                    tracing::warn!(error = %e, mode, "WAL checkpoint failed");
+                if let Err(e) = checkpoint_round(&conn, stopping || big) {
+                    tracing::warn!(error = %e, "WAL checkpoint failed");
                 }
             }
         }
@@ -123,8 +132,32 @@ fn room_for_checkpoint(conn: &Connection, db_path: &Path) -> Room {
     }
 }
 
-fn checkpoint(conn: &Connection, mode: &str) -> rusqlite::Result<()> {
-    conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |_| Ok(()))
+/// One round: frames copied back without blocking anyone, then, when the
+/// WAL should start over, a RESTART, which has little left to copy while
+/// it holds writers off (for at most the connection's busy timeout, per
+/// wait). `false` when a reader or the writer kept it from finishing.
+pub(super) fn checkpoint_round(conn: &Connection, restart: bool) -> rusqlite::Result<bool> {
+    let copied = checkpoint(conn, "PASSIVE")?;
+    if restart {
+        return checkpoint(conn, "RESTART");
+    }
+    Ok(copied)
+}
+
+/// The checkpointer's connection: waits [`RESTART_WAIT`] on locks, not the
+/// store's [`super::BUSY_TIMEOUT`].
+pub(super) fn open_checkpoint_connection(db_path: &Path) -> rusqlite::Result<Connection> {
+    let conn = open_connection(db_path, false)?;
+    conn.busy_timeout(RESTART_WAIT)?;
+    Ok(conn)
+}
+
+/// `false` when the checkpoint stopped short (SQLite's busy flag).
+fn checkpoint(conn: &Connection, mode: &str) -> rusqlite::Result<bool> {
+    conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+        r.get::<_, i64>(0)
+    })
+    .map(|busy| busy == 0)
 }
 
 fn wal_path(db_path: &Path) -> PathBuf {

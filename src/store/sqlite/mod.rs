@@ -45,7 +45,7 @@ const DB_COMPANIONS: [&str; 2] = ["-wal", "-shm"];
 const LOCK_FILE: &str = "smtp-once.lock";
 /// How long a statement waits on a lock held by someone else before the
 /// ledger counts as unavailable.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_IDLE_READERS: usize = 8;
 
 pub struct SqliteStore {

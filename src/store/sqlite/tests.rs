@@ -321,3 +321,51 @@ fn a_grown_wal_is_cut_back_after_it_restarts() {
     let after = std::fs::metadata(&wal).expect("wal").len();
     assert!(after <= super::WAL_SIZE_LIMIT as u64, "{after}");
 }
+
+/// Issue 24: a RESTART holds every writer off while it waits for readers.
+/// The checkpointer's gives up quickly while a long read runs (a queue
+/// count, an operator's listing), so acceptance is not held with it, and
+/// restarts the WAL on a later round, once the read has ended.
+#[test]
+fn a_restart_does_not_wait_out_a_long_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("restart.db");
+    let writer = super::open_connection(&path, false).expect("writer");
+    writer
+        .pragma_update(None, "wal_autocheckpoint", 0)
+        .expect("no autocheckpoint");
+    writer
+        .execute_batch("CREATE TABLE t (n INTEGER); INSERT INTO t VALUES (1);")
+        .expect("table");
+    let reader = super::open_connection(&path, true).expect("reader");
+    reader.execute_batch("BEGIN").expect("begin");
+    let seen: i64 = reader
+        .query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))
+        .expect("read");
+    assert_eq!(seen, 1);
+    writer
+        .execute("INSERT INTO t VALUES (2)", [])
+        .expect("a write after the read began");
+
+    let checkpointer = super::checkpoint::open_checkpoint_connection(&path).expect("open");
+    let started = std::time::Instant::now();
+    let restarted = super::checkpoint::checkpoint_round(&checkpointer, true).expect("round");
+    let held = started.elapsed();
+    assert!(!restarted, "a reader is on the WAL: no restart yet");
+    // The store's busy timeout is 2 s; the restart gave up long before.
+    assert!(held < super::BUSY_TIMEOUT / 2, "held writers for {held:?}");
+    writer.busy_timeout(std::time::Duration::ZERO).expect("no wait");
+    writer
+        .execute("INSERT INTO t VALUES (3)", [])
+        .expect("the write lock is free again at once");
+
+    reader.execute_batch("COMMIT").expect("read ends");
+    assert!(
+        super::checkpoint::checkpoint_round(&checkpointer, true).expect("round"),
+        "with the read over, the WAL restarts"
+    );
+    let rows: i64 = writer
+        .query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!(rows, 3);
+}
