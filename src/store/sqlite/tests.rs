@@ -354,7 +354,9 @@ fn a_restart_does_not_wait_out_a_long_read() {
     assert!(!restarted, "a reader is on the WAL: no restart yet");
     // The store's busy timeout is 2 s; the restart gave up long before.
     assert!(held < super::BUSY_TIMEOUT / 2, "held writers for {held:?}");
-    writer.busy_timeout(std::time::Duration::ZERO).expect("no wait");
+    writer
+        .busy_timeout(std::time::Duration::ZERO)
+        .expect("no wait");
     writer
         .execute("INSERT INTO t VALUES (3)", [])
         .expect("the write lock is free again at once");
