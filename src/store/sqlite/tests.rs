@@ -2,6 +2,9 @@
 //! commit keeping one row per key, expiry, and the data-directory lock.
 
 use super::SqliteStore;
+use crate::store::{
+    Acceptance, CommitOutcome, LedgerEntry, NewLedgerEntry, NewMessage, Store, StoreError,
+};
 
 /// The first column of every row `sql` returns, as text.
 pub(super) fn strings(conn: &rusqlite::Connection, sql: &str) -> Vec<String> {
@@ -12,9 +15,6 @@ pub(super) fn strings(conn: &rusqlite::Connection, sql: &str) -> Vec<String> {
         .collect::<Result<_, _>>()
         .expect("rows")
 }
-use crate::store::{
-    Acceptance, CommitOutcome, LedgerEntry, NewLedgerEntry, NewMessage, Store, StoreError,
-};
 
 fn acceptance(id: &str, key: Option<&str>, now: i64, ttl: i64) -> Acceptance {
     Acceptance {
