@@ -25,6 +25,11 @@
 #               SQLite only (PostgreSQL writes in its own processes: 0)
 #   jobs/commit mean jobs per group commit in the window
 #               (smtp_once_commit_batch_jobs_sum / _count)
+#   cpu us/msg  the daemon's CPU time (user + system, /proc/PID/stat) in the
+#               window / accepted: what a message costs, whatever the rate
+#   steal %     the machine's steal time in the window (/proc/stat): CPU the
+#               hypervisor gave to others; a window with much of it is slow
+#               for reasons outside the daemon
 #
 # At the end: totals, relayed/accepted when the load stopped, then (relay
 # mode) the wait for the backlog to drain (SOAK_DRAIN_TIMEOUT), and the disk
@@ -207,6 +212,13 @@ queue_depth() {
   awk '$1 ~ /^smtp_once_queue_messages\{/ { s += $2 } END { printf "%d\n", s + 0 }' <<< "$SCRAPE"
 }
 written_bytes() { awk '/^write_bytes:/ { print $2 }' "/proc/$DAEMON_PID/io"; }
+# The daemon's user + system CPU in microseconds (fields 14 and 15, after the
+# parenthesised name, which may hold spaces).
+cpu_us() {
+  awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.0f\n", ($12 + $13) * 1000000 / hz }' "/proc/$DAEMON_PID/stat"
+}
+# "steal total" jiffies of the whole machine (the first line of /proc/stat).
+cpu_ticks() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= NF; i++) t += $i; print $9, t; exit }' /proc/stat; }
 rss_mib() { awk '/^VmRSS:/ { printf "%.0f\n", $2 / 1024 }' "/proc/$DAEMON_PID/status"; }
 
 file_bytes() { if [ -f "$1" ]; then stat -c %s "$1"; else echo 0; fi; }
@@ -281,10 +293,12 @@ else
   say "$SOAK_MINUTES min in $windows windows of $SOAK_WINDOW s"
 fi
 
-HEADER=$(printf '%-6s %9s %9s %9s %7s %7s %7s %9s %10s %10s %10s %11s %9s' \
-  window 'accept/s' 'relay/s' 'p99 ms' 'rss MiB' 'db MiB' 'wal MiB' queue accepted relayed 'wr KiB/msg' 'jobs/commit' 'purged/s')
+LINE='%-6s %9s %9s %9s %7s %7s %7s %9s %10s %10s %10s %11s %9s %10s %7s\n'
+# shellcheck disable=SC2059 # LINE is the format
+HEADER=$(printf "$LINE" \
+  window 'accept/s' 'relay/s' 'p99 ms' 'rss MiB' 'db MiB' 'wal MiB' queue accepted relayed 'wr KiB/msg' 'jobs/commit' 'purged/s' 'cpu us/msg' 'steal %')
 echo "$HEADER"
-[ -z "$SOAK_RESULTS" ] || printf 'store\trelay\tkeys\twindow\tseconds\taccepted_per_s\trelayed_per_s\tp99_ms\trss_mib\tdb_mib\twal_mib\tqueue\taccepted\trelayed\twritten_kib_per_msg\tjobs_per_commit\tpurged_per_s\n' >> "$SOAK_RESULTS"
+[ -z "$SOAK_RESULTS" ] || printf 'store\trelay\tkeys\twindow\tseconds\taccepted_per_s\trelayed_per_s\tp99_ms\trss_mib\tdb_mib\twal_mib\tqueue\taccepted\trelayed\twritten_kib_per_msg\tjobs_per_commit\tpurged_per_s\tcpu_us_per_msg\tsteal_pct\n' >> "$SOAK_RESULTS"
 
 scrape
 relayed0=$(delivered)
@@ -297,6 +311,8 @@ prev_written=$(written_bytes)
 prev_jobs=$(metric smtp_once_commit_batch_jobs_sum)
 prev_commits=$(metric smtp_once_commit_batch_jobs_count)
 prev_purged=$(metric smtp_once_ledger_purged_total)
+prev_cpu=$(cpu_us)
+read -r prev_steal prev_ticks < <(cpu_ticks)
 purged0=$prev_purged
 purge_done=""
 sent=0
@@ -321,6 +337,8 @@ for w in $(seq 1 "$windows"); do
   jobs=$(metric smtp_once_commit_batch_jobs_sum)
   commits=$(metric smtp_once_commit_batch_jobs_count)
   purged=$(metric smtp_once_ledger_purged_total)
+  cpu=$(cpu_us)
+  read -r steal ticks < <(cpu_ticks)
   if [ "$SOAK_EXPIRED" -gt 0 ] && [ -z "$purge_done" ] && [ $((purged - purged0)) -ge "$SOAK_EXPIRED" ]; then
     purge_done=$(awk -v a="$t" -v b="$run_start" 'BEGIN { print a - b }')
   fi
@@ -329,10 +347,13 @@ for w in $(seq 1 "$windows"); do
     -v t="$t" -v t0="$prev_t" -v p="$p99" -v rss="$(rss_mib)" \
     -v db="$db" -v wal="$wal" -v q="$(queue_depth)" -v ta="$total_accepted" -v tr=$((relayed - relayed0)) -v wb=$((written - prev_written)) \
     -v jb=$((jobs - prev_jobs)) -v cm=$((commits - prev_commits)) -v pg=$((purged - prev_purged)) \
+    -v cu=$((cpu - prev_cpu)) -v st=$((steal - prev_steal)) -v tk=$((ticks - prev_ticks)) \
     'BEGIN { OFS = "\t"; print w, s, sprintf("%.0f", a / s), sprintf("%.0f", r / (t - t0)), sprintf("%.1f", p), rss, db, wal, q, ta, tr,
-             sprintf("%.1f", a ? wb / a / 1024 : 0), sprintf("%.1f", cm ? jb / cm : 0), sprintf("%.0f", pg / (t - t0)) }')
+             sprintf("%.1f", a ? wb / a / 1024 : 0), sprintf("%.1f", cm ? jb / cm : 0), sprintf("%.0f", pg / (t - t0)),
+             sprintf("%.1f", a ? cu / a : 0), sprintf("%.1f", tk ? 100 * st / tk : 0) }')
   IFS=$'\t' read -r -a f <<< "$row"
-  printf '%-6s %9s %9s %9s %7s %7s %7s %9s %10s %10s %10s %11s %9s\n' "${f[0]}" "${f[@]:2}"
+  # shellcheck disable=SC2059
+  printf "$LINE" "${f[0]}" "${f[@]:2}"
   [ -z "$SOAK_RESULTS" ] || printf '%s\t%s\t%s\t%s\n' "$SOAK_STORE" "$SOAK_RELAY" "$SOAK_KEYS" "$row" >> "$SOAK_RESULTS"
   [ "$errors" = 0 ] || say "window $w: $errors connection errors"
   [ "$accepted" = "$messages" ] || say "window $w: $((messages - accepted)) of $messages refused"
@@ -342,6 +363,9 @@ for w in $(seq 1 "$windows"); do
   prev_jobs=$jobs
   prev_commits=$commits
   prev_purged=$purged
+  prev_cpu=$cpu
+  prev_steal=$steal
+  prev_ticks=$ticks
 done
 load_end=$(now_s)
 scrape
