@@ -217,8 +217,10 @@ written_bytes() { awk '/^write_bytes:/ { print $2 }' "/proc/$DAEMON_PID/io"; }
 cpu_us() {
   awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.0f\n", ($12 + $13) * 1000000 / hz }' "/proc/$DAEMON_PID/stat"
 }
-# "steal total" jiffies of the whole machine (the first line of /proc/stat).
-cpu_ticks() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= NF; i++) t += $i; print $9, t; exit }' /proc/stat; }
+# "steal total" jiffies of the whole machine (the first line of /proc/stat):
+# user to steal only, as guest and guest_nice are already counted in user
+# and nice.
+cpu_ticks() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= 9; i++) t += $i; print $9, t; exit }' /proc/stat; }
 rss_mib() { awk '/^VmRSS:/ { printf "%.0f\n", $2 / 1024 }' "/proc/$DAEMON_PID/status"; }
 
 file_bytes() { if [ -f "$1" ]; then stat -c %s "$1"; else echo 0; fi; }
@@ -352,7 +354,7 @@ for w in $(seq 1 "$windows"); do
              sprintf("%.1f", a ? wb / a / 1024 : 0), sprintf("%.1f", cm ? jb / cm : 0), sprintf("%.0f", pg / (t - t0)),
              sprintf("%.1f", a ? cu / a : 0), sprintf("%.1f", tk ? 100 * st / tk : 0) }')
   IFS=$'\t' read -r -a f <<< "$row"
-  # shellcheck disable=SC2059
+  # shellcheck disable=SC2059 # LINE is the format
   printf "$LINE" "${f[0]}" "${f[@]:2}"
   [ -z "$SOAK_RESULTS" ] || printf '%s\t%s\t%s\t%s\n' "$SOAK_STORE" "$SOAK_RELAY" "$SOAK_KEYS" "$row" >> "$SOAK_RESULTS"
   [ "$errors" = 0 ] || say "window $w: $errors connection errors"
