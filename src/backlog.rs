@@ -77,10 +77,15 @@ impl Backlog {
         self.finished_since.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Whether a new message would go on without waiting.
+    pub fn has_room(&self) -> bool {
+        self.limit == 0 || self.estimate() < self.limit
+    }
+
     /// Waits until the backlog is under its limit, or `max_wait` passed;
     /// returns how long it waited (zero when there was room).
     pub async fn room(&self) -> Duration {
-        if self.limit == 0 || self.estimate() < self.limit {
+        if self.has_room() {
             return Duration::ZERO;
         }
         let started = tokio::time::Instant::now();

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use crate::auth::Submitter;
 
 /// A complete message with its envelope, handed to the acceptance pipeline.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Submission {
     pub submitter: Submitter,
     /// The SMTP `EHLO` name, or `http` for the API.

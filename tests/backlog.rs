@@ -61,6 +61,13 @@ async fn acceptance_waits_for_room_then_goes_on() {
     assert!((1.4..3.0).contains(&waited), "{waited}");
     assert_eq!(d.queue_count(), 3);
 
+    // A retry of an accepted message is a replay: looked up before any
+    // wait (it queues nothing), so it does not wait for room.
+    let r = send(&mut c, 0).await;
+    assert!(r.is_replay(), "{r:?}");
+    assert_eq!(metric(&d, wait_total).await, waited, "a replay never waits");
+    assert_eq!(d.queue_count(), 3);
+
     // The next hop lets go: the attempts end deferred (deferred mail does
     // not count), there is room again, and the next message does not wait.
     open.send(true).expect("open");

@@ -96,6 +96,33 @@ async fn first_replay_conflict_and_no_key() {
     );
 }
 
+/// A small message goes straight to its commit and learns that its key is
+/// held from it; a big one (over 32 KiB) is looked up first. Both answer
+/// alike: the stored reply, or E01005 for another message.
+#[tokio::test]
+async fn small_and_big_messages_replay_and_conflict_alike() {
+    let d = Daemon::start(Options::default());
+    for (key, size) in [("small-one", 100), ("big-one", 40 * 1024)] {
+        let body = "b".repeat(size);
+        let m = message(Some(key), &body);
+        let first = send_as(&d, "alice", FROM, TO, &m).await;
+        assert_eq!(first.code, 250, "{key}: {first:?}");
+        let replay = send_as(&d, "alice", FROM, TO, &m).await;
+        assert!(replay.is_replay(), "{key}: {replay:?}");
+        assert_eq!(replay.queue_id(), first.queue_id(), "{key}");
+        let other = message(Some(key), &format!("{body}, changed"));
+        let conflict = send_as(&d, "alice", FROM, TO, &other).await;
+        assert!(
+            conflict.code == 550 && conflict.has("E01005"),
+            "{key}: {conflict:?}"
+        );
+        assert_eq!(d.queue_ids_for_key(key).len(), 1, "{key}");
+    }
+    assert_eq!(d.queue_count(), 2);
+    assert_eq!(d.log().matches("replayed stored reply").count(), 2);
+    assert_eq!(d.log().matches("E01005").count(), 2);
+}
+
 #[tokio::test]
 async fn key_validation_errors() {
     let d = Daemon::start(Options::default());

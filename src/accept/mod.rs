@@ -12,6 +12,10 @@
 //! the commit, and the signature is stored with it: every relay attempt
 //! then sends the same bytes, which the next hop deduplicates by key and
 //! content. Replays and rejections are never signed.
+//!
+//! A small keyed message that will not be signed skips the lookup: its
+//! commit checks the key under the write lock anyway, and only a held key
+//! comes back to be looked up and decided (`Acceptor::run`).
 
 pub mod channel;
 mod facts;
@@ -83,10 +87,40 @@ pub struct Acceptor {
 }
 
 /// A key that passed validation, with the request's fingerprint.
+#[derive(Clone)]
 struct Keyed {
     key: String,
     hash: String,
     fingerprint: Fingerprint,
+}
+
+/// Whether `execute` runs before the key was looked up.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    /// Straight to the commit: a held key comes back undecided.
+    BeforeLookup,
+    /// After the decision (or without a key): every outcome is answered.
+    Decided,
+}
+
+/// What `execute` came to.
+enum Executed {
+    Answered(Vec<u8>, Outcome),
+    /// Only before a lookup: the key is held (nothing was written), or
+    /// signing or the commit failed in a way a replay must not be told;
+    /// look the key up and decide.
+    Undecided,
+}
+
+impl Executed {
+    /// The answer of an attempt made after the decision, which is never
+    /// `Held`; should it be, the client is told to retry (E01004).
+    fn answer(self, channel: &dyn ChannelWording) -> (Vec<u8>, Outcome) {
+        match self {
+            Executed::Answered(reply, outcome) => (reply, outcome),
+            Executed::Undecided => (channel.in_progress(), Outcome::InProgress),
+        }
+    }
 }
 
 impl Acceptor {
@@ -235,7 +269,10 @@ impl Acceptor {
                 return (channel.over_limits(&error), Outcome::Invalid);
             }
             Verdict::Unkeyed => {
-                return self.execute(sub, channel, None, facts.from_rejection).await;
+                return self
+                    .execute(sub, channel, None, facts.from_rejection, Attempt::Decided)
+                    .await
+                    .answer(channel);
             }
             Verdict::Keyed(key, fingerprint) => (key, fingerprint),
         };
@@ -249,6 +286,36 @@ impl Acceptor {
             key,
             hash,
         };
+        // Nearly every key is new: a small message goes straight to its
+        // commit, whose check of the key under the write lock answers what
+        // a lookup would. Only a held key (or a failure that a replay must
+        // not get) comes back to be looked up and decided. A lookup of a
+        // new key on SQLite descends the key index of a fresh reader from
+        // its root, costlier as the ledger grows (issue 24). Looked up
+        // first: a big message (the copy kept for a held key would cost),
+        // one that would wait for relay room and one that would be signed
+        // (a replay neither waits nor is signed; a signature costs more
+        // than the lookup).
+        let straight =
+            sub.content.len() <= INLINE_MAX && self.backlog.has_room() && !self.would_sign(&sub);
+        let sub = if straight {
+            let kept = sub.clone();
+            match self
+                .execute(
+                    sub,
+                    channel,
+                    Some(keyed.clone()),
+                    facts.from_rejection.clone(),
+                    Attempt::BeforeLookup,
+                )
+                .await
+            {
+                Executed::Answered(reply, outcome) => return (reply, outcome),
+                Executed::Undecided => kept,
+            }
+        } else {
+            sub
+        };
         let existing = match self
             .store
             .lookup(&workspace, &keyed.key, self.clock.now_millis())
@@ -261,10 +328,16 @@ impl Acceptor {
             }
         };
         match decide(existing.as_ref(), &keyed.fingerprint) {
-            Decision::Execute => {
-                self.execute(sub, channel, Some(keyed), facts.from_rejection)
-                    .await
-            }
+            Decision::Execute => self
+                .execute(
+                    sub,
+                    channel,
+                    Some(keyed),
+                    facts.from_rejection,
+                    Attempt::Decided,
+                )
+                .await
+                .answer(channel),
             Decision::Replay(entry) => {
                 tracing::info!(
                     %workspace, key = %keyed.hash, queue_id = entry.queue_id.as_deref().unwrap_or("-"),
@@ -328,7 +401,9 @@ impl Acceptor {
         channel: &dyn ChannelWording,
         keyed: Option<Keyed>,
         from_rejection: Option<SenderRefusal>,
-    ) -> (Vec<u8>, Outcome) {
+        attempt: Attempt,
+    ) -> Executed {
+        let before_lookup = attempt == Attempt::BeforeLookup && keyed.is_some();
         let workspace = sub.submitter.workspace().to_owned();
         let key_log = keyed.as_ref().map_or("-", |k| k.hash.as_str()).to_owned();
         let now = self.clock.now_millis();
@@ -348,24 +423,31 @@ impl Acceptor {
                     events: Vec::new(),
                 };
                 return match self.store.commit(acceptance).await {
-                    Ok(CommitOutcome::Committed) => (reply, Outcome::Rejected),
-                    Ok(CommitOutcome::KeyTaken) => (channel.in_progress(), Outcome::InProgress),
+                    Ok(CommitOutcome::Committed) => Executed::Answered(reply, Outcome::Rejected),
+                    Ok(CommitOutcome::KeyTaken) if before_lookup => Executed::Undecided,
+                    Err(ref e) if before_lookup && !unreachable(e) => Executed::Undecided,
+                    Ok(CommitOutcome::KeyTaken) => {
+                        Executed::Answered(channel.in_progress(), Outcome::InProgress)
+                    }
                     Err(e) => {
                         tracing::warn!(%workspace, key = %key_log, error = %e, "rejection not stored");
-                        (storage_failure_reply(channel, &e), Outcome::Unavailable)
+                        Executed::Answered(storage_failure_reply(channel, &e), Outcome::Unavailable)
                     }
                 };
             }
-            return (reply, Outcome::Rejected);
+            return Executed::Answered(reply, Outcome::Rejected);
         }
 
         // Signed once, here: the signature is stored in the trace, so a
         // retried relay attempt carries the same `t=` and bytes.
         let (sub, signed) = match self.sign(sub).await {
             Ok(done) => done,
+            // A retry of a message already accepted is replayed whatever
+            // signing does now: look the key up first.
+            Err(_) if before_lookup => return Executed::Undecided,
             Err(e) => {
                 tracing::error!(%workspace, key = %key_log, error = %e, "not accepted: DKIM signing failed");
-                return (channel.signing_failed(), Outcome::Unavailable);
+                return Executed::Answered(channel.signing_failed(), Outcome::Unavailable);
             }
         };
         let id = queue_id::next();
@@ -411,17 +493,22 @@ impl Acceptor {
                 // never written, and is never sent.
                 routed.handover.committed();
                 tracing::info!(%workspace, key = %key_log, queue_id = %id, recipients, dkim = %signed.labels, "accepted");
-                (reply, Outcome::Accepted)
+                Executed::Answered(reply, Outcome::Accepted)
             }
-            // Another writer (another node) committed the key first; the
-            // client's retry will be answered from its entry.
+            // Held already: nothing was written; the entry decides.
+            Ok(CommitOutcome::KeyTaken) if before_lookup => Executed::Undecided,
+            // Another writer (another node) committed the key after our
+            // lookup; the client's retry will be answered from its entry.
             Ok(CommitOutcome::KeyTaken) => {
                 tracing::info!(%workspace, key = %key_log, "refused E01004: key committed concurrently");
-                (channel.in_progress(), Outcome::InProgress)
+                Executed::Answered(channel.in_progress(), Outcome::InProgress)
             }
+            // The same failure after the lookup gets the same reply; but a
+            // ledger that cannot be read at all is told apart there (E01033).
+            Err(ref e) if before_lookup && !unreachable(e) => Executed::Undecided,
             Err(e) => {
                 tracing::error!(%workspace, key = %key_log, error = %e, "not accepted: commit failed");
-                (storage_failure_reply(channel, &e), Outcome::Unavailable)
+                Executed::Answered(storage_failure_reply(channel, &e), Outcome::Unavailable)
             }
         }
     }
@@ -447,6 +534,11 @@ impl Acceptor {
             },
         }
     }
+}
+
+/// A store that cannot be reached at all: a lookup would fail the same way.
+fn unreachable(e: &StoreError) -> bool {
+    matches!(e, StoreError::Unavailable(_))
 }
 
 fn storage_failure_reply(channel: &dyn ChannelWording, e: &StoreError) -> Vec<u8> {

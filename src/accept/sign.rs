@@ -31,6 +31,11 @@ pub(super) enum SigningFailed {
 }
 
 impl Acceptor {
+    /// Whether `sub` would be signed (a key for its `From:` domain).
+    pub(super) fn would_sign(&self, sub: &Submission) -> bool {
+        !self.dkim.is_empty() && !choose(&self.dkim, sub).is_empty()
+    }
+
     /// The signatures for `sub` as it will be stored (its dot-unstuffed
     /// content), by the keys its `From:` domain and workspace choose.
     pub(super) async fn sign(
