@@ -114,7 +114,7 @@ enum Executed {
 
 impl Executed {
     /// The answer of an attempt made after the decision, which is never
-    /// `Held`; should it be, the client is told to retry (E01004).
+    /// `Undecided`; should it be, the client is told to retry (E01004).
     fn answer(self, channel: &dyn ChannelWording) -> (Vec<u8>, Outcome) {
         match self {
             Executed::Answered(reply, outcome) => (reply, outcome),
