@@ -107,8 +107,9 @@ enum Attempt {
 enum Executed {
     Answered(Vec<u8>, Outcome),
     /// Only before a lookup: the key is held (nothing was written), or
-    /// signing or the commit failed in a way a replay must not be told;
-    /// look the key up and decide.
+    /// the commit failed in a way a replay must not be told; look the key
+    /// up and decide. (A message that goes before its lookup is one that
+    /// is not signed, so signing cannot fail it.)
     Undecided,
 }
 
@@ -442,9 +443,6 @@ impl Acceptor {
         // retried relay attempt carries the same `t=` and bytes.
         let (sub, signed) = match self.sign(sub).await {
             Ok(done) => done,
-            // A retry of a message already accepted is replayed whatever
-            // signing does now: look the key up first.
-            Err(_) if before_lookup => return Executed::Undecided,
             Err(e) => {
                 tracing::error!(%workspace, key = %key_log, error = %e, "not accepted: DKIM signing failed");
                 return Executed::Answered(channel.signing_failed(), Outcome::Unavailable);
