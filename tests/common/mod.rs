@@ -352,12 +352,21 @@ impl Daemon {
     /// Makes the ledger unreadable (every lookup and insert fails) until
     /// [`Daemon::restore_ledger`]: PostgreSQL's table, or SQLite's view over
     /// its partitions, renamed `ledger_gone`.
+    /// Every way to the ledger gone: on SQLite its two views, `ledger` (the
+    /// operators') and `ledger_indexed` (which acceptance searches beside
+    /// its staged entries).
     pub(crate) fn hide_ledger(&self) {
         self.rename_ledger("ledger", "ledger_gone");
+        if self.pg.is_none() {
+            self.rename_ledger("ledger_indexed", "ledger_indexed_gone");
+        }
     }
 
     pub(crate) fn restore_ledger(&self) {
         self.rename_ledger("ledger_gone", "ledger");
+        if self.pg.is_none() {
+            self.rename_ledger("ledger_indexed_gone", "ledger_indexed");
+        }
     }
 
     fn rename_ledger(&self, from: &str, to: &str) {

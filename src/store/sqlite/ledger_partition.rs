@@ -4,8 +4,9 @@
 //! entries expiring in `[N·W, (N+1)·W)` seconds, `W` a fixed step chosen
 //! from the entry's retention so that about four spans are live at once.
 //! Readers see the live spans through the view `ledger` (a `UNION ALL` of
-//! every partition that has its key index); each arm is searched through
-//! that partition's `key_hash` index.
+//! every partition that has its key index, and the staged entries not yet
+//! merged into one: `ledger_staging`); each partition's arm is searched
+//! through that partition's `key_hash` index.
 //!
 //! Why: deleting expired entries one by one removed each from a random page
 //! of the key index, as costly as an acceptance (10 million expired entries
@@ -134,16 +135,39 @@ pub(super) fn insert_sql(table: &str) -> String {
     )
 }
 
-/// `ledger`: every partition that still has its key index, written only
-/// when that changes. A schema change makes every connection prepare its
-/// ledger statements again (SQLite does it on the next step), which happens
-/// once per span.
+/// The two views of the ledger, written only when they change:
+/// `ledger_indexed`, every partition that still has its key index (what
+/// the writer and the lookups search by hash, beside the staged entries'
+/// map), and `ledger`, the same and the staging table (`ledger_staging`),
+/// for everyone else. A schema change makes every connection prepare its
+/// ledger statements again (SQLite does it on the next step), which
+/// happens once per span.
 pub(super) fn rebuild_view(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     let arms: Vec<String> = partitions(tx)?
         .into_iter()
         .filter(|(_, indexed)| *indexed)
         .map(|(p, _)| format!("SELECT {COLUMNS} FROM {}", p.name))
         .collect();
+    let staging: Option<i64> = tx
+        .query_row(
+            "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1",
+            [super::ledger_staging::TABLE],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let mut all = arms.clone();
+    if staging.is_some() {
+        all.push(format!(
+            "SELECT {COLUMNS} FROM {}",
+            super::ledger_staging::TABLE
+        ));
+    }
+    write_view(tx, "ledger_indexed", &arms)?;
+    write_view(tx, "ledger", &all)
+}
+
+/// `CREATE VIEW name` as the `UNION ALL` of `arms`, unless it is so already.
+fn write_view(tx: &Transaction<'_>, name: &str, arms: &[String]) -> rusqlite::Result<()> {
     let body = if arms.is_empty() {
         // No entry yet: the right columns, no rows.
         "SELECT NULL AS id, NULL AS key_hash, NULL AS workspace, NULL AS key,
@@ -153,21 +177,21 @@ pub(super) fn rebuild_view(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     } else {
         arms.join(" UNION ALL ")
     };
-    let wanted = format!("CREATE VIEW ledger AS {body}");
+    let wanted = format!("CREATE VIEW {name} AS {body}");
     // Unchanged: nothing written, so a node restarting on a full disk
     // still opens (its acceptances then get the storage error, not a
     // daemon that cannot start).
     let current: Option<String> = tx
         .query_row(
-            "SELECT sql FROM sqlite_schema WHERE type = 'view' AND name = 'ledger'",
-            [],
+            "SELECT sql FROM sqlite_schema WHERE type = 'view' AND name = ?1",
+            [name],
             |r| r.get(0),
         )
         .optional()?;
     if current.as_deref() == Some(wanted.as_str()) {
         return Ok(());
     }
-    tx.execute_batch(&format!("DROP VIEW IF EXISTS ledger; {wanted};"))
+    tx.execute_batch(&format!("DROP VIEW IF EXISTS {name}; {wanted};"))
 }
 
 /// Removes up to `limit` entries of partitions whose span ended by `now`,

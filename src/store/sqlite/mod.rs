@@ -10,6 +10,7 @@ mod inspect;
 mod ledger_key;
 mod ledger_partition;
 mod ledger_reply;
+mod ledger_staging;
 mod outbox;
 mod probe;
 mod schema;
@@ -28,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
+use rusqlite::{Connection, ErrorCode, OpenFlags};
 use tokio::sync::oneshot;
 
 use crate::private_fs;
@@ -59,6 +60,8 @@ pub struct SqliteStore {
     wakers: Wakers,
     /// The database and lock files this store has open.
     identity: DataDirIdentity,
+    /// The key hashes of ledger entries not yet merged into a partition.
+    staged: ledger_staging::SharedStaged,
     /// Held for the life of the store: one process per data directory.
     _lock: File,
 }
@@ -98,6 +101,9 @@ impl SqliteStore {
             ],
         };
         schema::migrate(&mut conn).map_err(classify)?;
+        let staged = Arc::new(Mutex::new(
+            ledger_staging::StagedKeys::load(&conn).map_err(classify)?,
+        ));
         // Checkpoints run on their own thread (see checkpoint.rs).
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(classify)?;
@@ -110,7 +116,8 @@ impl SqliteStore {
             .spawn({
                 let identity = identity.clone();
                 let wakers = wakers.clone();
-                move || writer::run(conn, rx, identity, wakers)
+                let staged = staged.clone();
+                move || writer::run(conn, rx, identity, wakers, staged)
             })
             .map_err(|e| StoreError::Unavailable(format!("cannot start writer thread: {e}")))?;
         Ok(Self {
@@ -124,6 +131,7 @@ impl SqliteStore {
             }),
             wakers,
             identity,
+            staged,
             _lock: lock,
         })
     }
@@ -281,34 +289,6 @@ pub(crate) fn classify(e: rusqlite::Error) -> StoreError {
     }
 }
 
-fn lookup_on(
-    conn: &Connection,
-    workspace: &str,
-    key: &str,
-    now: UnixMillis,
-) -> rusqlite::Result<Option<LedgerEntry>> {
-    conn.prepare_cached(
-        "SELECT fingerprint, reply, queue_id, created_at, expires_at FROM ledger
-         WHERE key_hash = ?4 AND workspace = ?1 AND key = ?2 AND expires_at > ?3",
-    )?
-    .query_row(params![workspace, key, now, ledger_key::hash(key)], |row| {
-        let fp: Vec<u8> = row.get(0)?;
-        let mut fingerprint = [0u8; 32];
-        if fp.len() == 32 {
-            fingerprint.copy_from_slice(&fp);
-        }
-        let queue_id: Option<String> = row.get(2)?;
-        Ok(LedgerEntry {
-            fingerprint,
-            reply: ledger_reply::unpack(row.get(1)?, queue_id.as_deref()),
-            queue_id,
-            created_at: row.get(3)?,
-            expires_at: row.get(4)?,
-        })
-    })
-    .optional()
-}
-
 impl Store for SqliteStore {
     fn lookup<'a>(
         &'a self,
@@ -325,7 +305,7 @@ impl Store for SqliteStore {
             // A point read by primary key on a WAL reader never waits for
             // the writer, so it runs inline rather than on the blocking pool.
             self.readers
-                .read(|conn| lookup_on(conn, workspace, key, now))
+                .read(|conn| ledger_staging::lookup(conn, &self.staged, workspace, key, now))
         })
     }
 
@@ -333,7 +313,7 @@ impl Store for SqliteStore {
         &self,
         acceptance: Acceptance,
     ) -> BoxFuture<'static, Result<CommitOutcome, StoreError>> {
-        self.submit(writer::Job::commit(acceptance))
+        self.submit(writer::Job::commit(acceptance, self.staged.clone()))
     }
 
     fn purge_expired(

@@ -118,6 +118,9 @@ const MIGRATIONS: &[Migration] = &[
     //    finished rows out of `queue_due`: 90 bytes less per delivered
     //    message (issue 24). See `compact_queue`.
     Code(compact_queue),
+    // 8: new ledger entries staged in write order, merged into their
+    //    partitions in key order (`ledger_staging`, issue 24).
+    Sql(super::ledger_staging::CREATE),
 ];
 
 pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<u32> {
@@ -460,6 +463,17 @@ mod tests {
         assert_eq!(left, 1, "other messages' attempts stay");
     }
 
+    /// A lookup with nothing staged: the partitions' entries.
+    fn lookup(
+        conn: &Connection,
+        workspace: &str,
+        key: &str,
+        now: i64,
+    ) -> rusqlite::Result<Option<crate::store::LedgerEntry>> {
+        let nothing_staged = std::sync::Mutex::default();
+        super::super::ledger_staging::lookup(conn, &nothing_staged, workspace, key, now)
+    }
+
     /// A database made by a binary before migration 4 keeps every ledger
     /// entry through migrations 4 (key hash) and 6 (partitions), found by
     /// its key, in acceptance order, until its partition is purged.
@@ -487,19 +501,19 @@ mod tests {
         assert_eq!(migrate(&mut conn).expect("migrate"), latest());
         let order = strings(&conn, "SELECT key FROM ledger_p3600_3 ORDER BY id");
         assert_eq!(order, ["a-key", "b-key", "c-key"]);
-        let found = super::super::lookup_on(&conn, "default", "b-key", 5_000)
+        let found = lookup(&conn, "default", "b-key", 5_000)
             .expect("lookup")
             .expect("entry");
         assert_eq!(found.reply, b"250 b-key");
         assert_eq!(found.fingerprint, [7u8; 32]);
         assert!(
-            super::super::lookup_on(&conn, "other", "b-key", 5_000)
+            lookup(&conn, "other", "b-key", 5_000)
                 .expect("lookup")
                 .is_none(),
             "another workspace's key is another entry"
         );
         assert!(
-            super::super::lookup_on(&conn, "default", "late-key", 5_000)
+            lookup(&conn, "default", "late-key", 5_000)
                 .expect("lookup")
                 .is_some(),
             "the next span's entry is in its own partition"
@@ -526,7 +540,7 @@ mod tests {
             .expect("count");
         assert_eq!(tables, 2, "the next span's table and its index remain");
         assert!(
-            super::super::lookup_on(&conn, "default", "late-key", 4 * hour)
+            lookup(&conn, "default", "late-key", 4 * hour)
                 .expect("lookup")
                 .is_some()
         );

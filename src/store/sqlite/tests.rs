@@ -16,7 +16,7 @@ pub(super) fn strings(conn: &rusqlite::Connection, sql: &str) -> Vec<String> {
         .expect("rows")
 }
 
-fn acceptance(id: &str, key: Option<&str>, now: i64, ttl: i64) -> Acceptance {
+pub(super) fn acceptance(id: &str, key: Option<&str>, now: i64, ttl: i64) -> Acceptance {
     Acceptance {
         ledger: key.map(|k| NewLedgerEntry {
             workspace: "ws".into(),

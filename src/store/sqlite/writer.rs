@@ -4,10 +4,13 @@
 //! the transaction, and the data directory's identity around it.
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
+use std::time::{Duration, Instant};
+
 use tokio::sync::{mpsc, oneshot};
 
 use super::classify;
 use super::identity::DataDirIdentity;
+use super::ledger_staging::{self, SharedStaged};
 use super::{ledger_key, ledger_partition, ledger_reply};
 use crate::store::batch::{self, Answer, Answers, Pending, Reply, Wakers};
 use crate::store::{
@@ -53,13 +56,16 @@ impl Job {
         (Job::of(work, queues_mail), rx)
     }
 
-    pub(crate) fn commit(
+    pub(super) fn commit(
         acceptance: Acceptance,
+        staged: SharedStaged,
     ) -> (Self, oneshot::Receiver<Result<CommitOutcome, StoreError>>) {
         let queues_mail = acceptance.message.is_some();
         let queues_events = !acceptance.events.is_empty();
         Job::with_events(
-            Job::new(queues_mail, move |tx| apply_acceptance(tx, &acceptance)),
+            Job::new(queues_mail, move |tx| {
+                apply_acceptance(tx, &staged, &acceptance)
+            }),
             queues_events,
         )
     }
@@ -72,16 +78,19 @@ impl Job {
     }
 }
 
-pub(crate) fn run(
+pub(super) fn run(
     conn: Connection,
     jobs: mpsc::UnboundedReceiver<Job>,
     identity: DataDirIdentity,
     wakers: Wakers,
+    staged: SharedStaged,
 ) {
     let mut writer = Writer {
         conn,
         identity,
         gone: false,
+        staged,
+        merge_failed_at: None,
     };
     batch::run_blocking(jobs, &wakers, |batch| writer.write(batch));
     tracing::debug!("ledger writer stopped");
@@ -92,7 +101,15 @@ struct Writer {
     identity: DataDirIdentity,
     /// The data directory was gone at the last batch.
     gone: bool,
+    /// Ledger entries not yet merged into their partitions.
+    staged: SharedStaged,
+    /// When the last merge failed: the next waits `MERGE_RETRY`.
+    merge_failed_at: Option<Instant>,
 }
+
+/// A merge that failed (a full disk) is not tried again before every
+/// batch: the entries stay staged and found meanwhile.
+const MERGE_RETRY: Duration = Duration::from_secs(1);
 
 impl Writer {
     /// A commit into a file that is no longer on disk is lost at the next
@@ -103,7 +120,8 @@ impl Writer {
     fn write(&mut self, batch: &mut Vec<Job>) -> Answers<dyn Work> {
         let mut answers = Vec::new();
         let checked = self.identity.check().and_then(|()| {
-            answers = execute_batch(&mut self.conn, batch);
+            self.merge_if_due();
+            answers = execute_batch(&mut self.conn, &self.staged, batch);
             self.identity.check()
         });
         match checked {
@@ -130,10 +148,44 @@ impl Writer {
     }
 }
 
+impl Writer {
+    /// Moves the staged ledger entries into their partitions when enough
+    /// of them wait (`ledger_staging`), before the batch: the batch waits
+    /// for the merge as it would for a slow commit.
+    fn merge_if_due(&mut self) {
+        if self
+            .merge_failed_at
+            .is_some_and(|at| at.elapsed() < MERGE_RETRY)
+            || !ledger_staging::lock(&self.staged).merge_due(crate::store::now_millis())
+        {
+            return;
+        }
+        let started = Instant::now();
+        match ledger_staging::merge(&mut self.conn, &self.staged) {
+            Ok(n) => {
+                self.merge_failed_at = None;
+                tracing::debug!(
+                    entries = n,
+                    ms = started.elapsed().as_millis(),
+                    "ledger entries merged into their partitions"
+                );
+            }
+            Err(e) => {
+                self.merge_failed_at = Some(Instant::now());
+                tracing::warn!(error = %e, "merging staged ledger entries failed; they stay staged and are found there");
+            }
+        }
+    }
+}
+
 /// Commits the batch; each job with its error, if it failed. Answers
 /// nobody: the caller does, once it knows the file is still ours.
-fn execute_batch(conn: &mut Connection, batch: &mut Vec<Job>) -> Answers<dyn Work> {
-    match apply_all(conn, batch) {
+fn execute_batch(
+    conn: &mut Connection,
+    staged: &SharedStaged,
+    batch: &mut Vec<Job>,
+) -> Answers<dyn Work> {
+    match apply_all(conn, staged, batch) {
         Ok(()) => batch::committed(batch),
         Err(e) => {
             // One bad job must not fail its neighbours: retry each alone,
@@ -143,7 +195,7 @@ fn execute_batch(conn: &mut Connection, batch: &mut Vec<Job>) -> Answers<dyn Wor
                 .drain(..)
                 .map(|job| {
                     let mut single = [job];
-                    let result = apply_all(conn, &mut single);
+                    let result = apply_all(conn, staged, &mut single);
                     let [job] = single;
                     (job, result.err().map(classify))
                 })
@@ -152,19 +204,38 @@ fn execute_batch(conn: &mut Connection, batch: &mut Vec<Job>) -> Answers<dyn Wor
     }
 }
 
-fn apply_all(conn: &mut Connection, jobs: &mut [Job]) -> rusqlite::Result<()> {
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    for job in jobs.iter_mut() {
-        job.work.apply(&tx)?;
+/// One transaction over `jobs`. The ledger entries they staged count
+/// once it commits, and are forgotten if it does not.
+fn apply_all(
+    conn: &mut Connection,
+    staged: &SharedStaged,
+    jobs: &mut [Job],
+) -> rusqlite::Result<()> {
+    let result = (|| {
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        for job in jobs.iter_mut() {
+            job.work.apply(&tx)?;
+        }
+        tx.commit()
+    })();
+    let mut staged = ledger_staging::lock(staged);
+    match result {
+        Ok(()) => staged.publish(),
+        Err(_) => staged.discard(),
     }
-    tx.commit()?;
+    drop(staged);
+    result?;
     crate::metrics::global().commit_batch(jobs.len());
     Ok(())
 }
 
-fn apply_acceptance(tx: &Transaction<'_>, a: &Acceptance) -> rusqlite::Result<CommitOutcome> {
+fn apply_acceptance(
+    tx: &Transaction<'_>,
+    staged: &SharedStaged,
+    a: &Acceptance,
+) -> rusqlite::Result<CommitOutcome> {
     if let Some(l) = &a.ledger
-        && !insert_ledger(tx, l)?
+        && !ledger_staging::insert(tx, staged, l)?
     {
         return Ok(CommitOutcome::KeyTaken);
     }
@@ -175,12 +246,14 @@ fn apply_acceptance(tx: &Transaction<'_>, a: &Acceptance) -> rusqlite::Result<Co
     Ok(CommitOutcome::Committed)
 }
 
-/// Writes a ledger entry unless a live one holds the key (`false`, nothing
-/// written); an expired one stays in its partition until that is purged.
-/// Acceptances here, the operators' idempotent changes in `admin`.
+/// Writes a ledger entry into its partition unless a live one holds the
+/// key (`false`, nothing written); an expired one stays in its partition
+/// until that is purged. The operators' idempotent changes (`admin`);
+/// acceptances stage theirs (`ledger_staging::insert`).
 pub(crate) fn insert_ledger(tx: &Transaction<'_>, l: &NewLedgerEntry) -> rusqlite::Result<bool> {
-    // Check, then write: unique because every writer (this thread, the
-    // operators' `admin` connection) holds the database's write lock.
+    // Check, then write: unique because every writer (the acceptances'
+    // thread, the operators' `admin` connection) holds the database's
+    // write lock. The view `ledger` has the staged entries too.
     let hash = ledger_key::hash(&l.key);
     let e = &l.entry;
     let held: Option<i64> = tx
