@@ -157,10 +157,7 @@ pub(super) fn rebuild_view(tx: &Transaction<'_>) -> rusqlite::Result<()> {
         .optional()?;
     let mut all = arms.clone();
     if staging.is_some() {
-        all.push(format!(
-            "SELECT {COLUMNS} FROM {}",
-            super::ledger_staging::TABLE
-        ));
+        all.push(super::ledger_staging::view_arm(COLUMNS));
     }
     write_view(tx, "ledger_indexed", &arms)?;
     write_view(tx, "ledger", &all)

@@ -35,10 +35,13 @@ use crate::store::{LedgerEntry, NewLedgerEntry, UnixMillis};
 pub(super) const TABLE: &str = "ledger_staging";
 
 /// Entries merged at once. A merge writes each index leaf that one of them
-/// falls on, once: at 2M entries (some 11,000 leaves) 65,536 keys cost a
-/// sixth of a page write each, where one at a time cost a page and more.
-/// The map holds them in about 5 MiB.
-const MERGE_AT: usize = 65_536;
+/// falls on, once: at 2M entries (some 11,000 leaves) 131,072 keys cost a
+/// twelfth of a page write each, where one at a time cost a page and
+/// more. The map holds them in about 8 MiB.
+const MERGE_AT: usize = 131_072;
+/// Keys moved per step of a merge: one step waits before a batch (tens of
+/// milliseconds at 2M entries).
+const SLICE: usize = 8_192;
 /// A quiet node merges too, so operators' scans of the staging table
 /// stay short and entries reach their partitions' expiry soon.
 const MERGE_AFTER: Duration = Duration::from_secs(60);
@@ -261,30 +264,68 @@ pub(super) fn insert(
     Ok(true)
 }
 
-/// Moves every staged entry into its partition, in `key_hash` order, in
-/// one transaction; the map forgets them once it commits. The table is
-/// read, not the map: whatever is in it is moved, never dropped unmoved.
-pub(super) fn merge(conn: &mut Connection, staged: &Mutex<StagedKeys>) -> rusqlite::Result<usize> {
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    // Rows in id order sit on consecutive pages: one pass, sorted here.
-    let mut entries: Vec<((i64, i64), Life)> = tx
-        .prepare_cached("SELECT key_hash, id, created_at, expires_at FROM ledger_staging")?
-        .query_map([], |r| {
-            Ok((
-                (r.get(0)?, r.get(1)?),
-                Life {
-                    created_at: r.get(2)?,
-                    expires_at: r.get(3)?,
-                },
-            ))
-        })?
-        .collect::<rusqlite::Result<_>>()?;
-    let Some(last) = entries.iter().map(|&((_, id), _)| id).max() else {
-        return Ok(0);
+/// A merge under way: the entries staged up to id `last`, moved into
+/// their partitions `SLICE` keys at a time in key order, one slice before
+/// each batch, and deleted from the staging table together at the end.
+/// Slices bound the time a batch waits however large the partitions'
+/// indexes grow, and together they write each index leaf once, as one
+/// transaction would: consecutive slices cover consecutive key ranges.
+#[derive(Debug)]
+pub(super) struct Merge {
+    last: i64,
+    /// The (key_hash, id) moved last.
+    cursor: Option<(i64, i64)>,
+    moved: usize,
+}
+
+/// What a merge step did.
+pub(super) enum Step {
+    /// A slice moved; more to go.
+    Moved,
+    /// Every entry is in its partition and gone from staging: how many.
+    Done(usize),
+}
+
+/// A merge of every entry staged so far, if there is any.
+pub(super) fn start_merge(staged: &Mutex<StagedKeys>) -> Option<Merge> {
+    let last = lock(staged).committed.keys().map(|&(_, id)| id).max()?;
+    Some(Merge {
+        last,
+        cursor: None,
+        moved: 0,
+    })
+}
+
+/// Moves the next slice of `merge` in one transaction, or ends it: the
+/// staged rows deleted and the map's entries dropped once that commits.
+///
+/// A slice copies a row unless its partition has it already (a merge cut
+/// short by a crash is started again from the first entry), and the view
+/// `ledger` leaves out staged rows that have their copy, so nobody counts
+/// an entry twice while the merge runs.
+pub(super) fn merge_step(
+    conn: &mut Connection,
+    staged: &Mutex<StagedKeys>,
+    merge: &mut Merge,
+) -> rusqlite::Result<Step> {
+    use std::ops::Bound::{Excluded, Unbounded};
+    let slice: Vec<((i64, i64), Life)> = {
+        let staged = lock(staged);
+        let from = merge.cursor.map_or(Unbounded, Excluded);
+        staged
+            .committed
+            .range((from, Unbounded))
+            .filter(|&(&(_, id), _)| id <= merge.last)
+            .take(SLICE)
+            .map(|(&at, &life)| (at, life))
+            .collect()
     };
-    entries.sort_unstable_by_key(|&(at, _)| at);
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    if slice.is_empty() {
+        return finish(tx, staged, merge);
+    }
     let mut tables: HashMap<String, String> = HashMap::new();
-    for &((_, id), life) in &entries {
+    for &((_, id), life) in &slice {
         let name = ledger_partition::Partition::of(life.created_at, life.expires_at).name;
         let table = match tables.get(&name) {
             Some(t) => t.clone(),
@@ -294,30 +335,79 @@ pub(super) fn merge(conn: &mut Connection, staged: &Mutex<StagedKeys>) -> rusqli
                 t
             }
         };
-        tx.prepare_cached(&move_sql(&table))?.execute([id])?;
+        tx.prepare_cached(&copy_sql(&table))?.execute([id])?;
     }
-    tx.execute("DELETE FROM ledger_staging WHERE id <= ?1", [last])?;
+    tx.commit()?;
+    merge.cursor = slice.last().map(|&(at, _)| at);
+    merge.moved += slice.len();
+    Ok(Step::Moved)
+}
+
+/// The end of a merge: the staged rows it moved leave the table and the
+/// map. Should the table hold a row the map did not name (it never
+/// should), nothing is deleted: the map is read again from the table and
+/// the next merge moves that row too.
+fn finish(
+    tx: Transaction<'_>,
+    staged: &Mutex<StagedKeys>,
+    merge: &Merge,
+) -> rusqlite::Result<Step> {
+    let in_table: i64 = tx.query_row(
+        "SELECT COUNT(*) FROM ledger_staging WHERE id <= ?1",
+        [merge.last],
+        |r| r.get(0),
+    )?;
+    let in_map = lock(staged)
+        .committed
+        .keys()
+        .filter(|&&(_, id)| id <= merge.last)
+        .count();
+    if usize::try_from(in_table).ok() != Some(in_map) {
+        tracing::error!(
+            in_table,
+            in_map,
+            "staged ledger entries and their map disagree; reading the map again"
+        );
+        *lock(staged) = StagedKeys::load(&tx)?;
+        return Ok(Step::Done(0));
+    }
+    tx.execute("DELETE FROM ledger_staging WHERE id <= ?1", [merge.last])?;
     tx.commit()?;
     let mut staged = lock(staged);
     let rest: Vec<_> = std::mem::take(&mut staged.committed)
         .into_iter()
-        .filter(|&((_, id), _)| id > last)
+        .filter(|&((_, id), _)| id > merge.last)
         .collect();
     staged.oldest = UnixMillis::MAX;
     staged.soonest_expiry = UnixMillis::MAX;
     for (at, life) in rest {
         staged.add(at, life);
     }
-    Ok(entries.len())
+    Ok(Step::Done(merge.moved))
 }
 
-/// Copies staged row `?1` into `table`.
-fn move_sql(table: &str) -> String {
+/// Copies staged row `?1` into `table` unless `table` has it already.
+fn copy_sql(table: &str) -> String {
     format!(
         "INSERT INTO {table} (key_hash, workspace, key, fingerprint, reply, queue_id,
                               created_at, expires_at)
          SELECT key_hash, workspace, key, fingerprint, reply, queue_id, created_at, expires_at
-         FROM ledger_staging WHERE id = ?1"
+         FROM ledger_staging s
+         WHERE s.id = ?1 AND NOT EXISTS (
+             SELECT 1 FROM {table} t
+             WHERE t.key_hash = s.key_hash AND t.workspace = s.workspace
+               AND t.key = s.key AND t.created_at = s.created_at)"
+    )
+}
+
+/// The view `ledger`'s arm for staged entries: those not yet copied into
+/// their partition (see `merge_step`).
+pub(super) fn view_arm(columns: &str) -> String {
+    format!(
+        "SELECT {columns} FROM ledger_staging s WHERE NOT EXISTS (
+             SELECT 1 FROM ledger_indexed i
+             WHERE i.key_hash = s.key_hash AND i.workspace = s.workspace
+               AND i.key = s.key AND i.created_at = s.created_at)"
     )
 }
 

@@ -16,6 +16,24 @@ fn count(store: &SqliteStore, sql: &str) -> i64 {
     conn.query_row(sql, [], |r| r.get(0)).expect("count")
 }
 
+/// Commits an entry written two minutes ago by the clock, which makes a
+/// merge due, then runs empty batches (a merge step before each) until the
+/// staging table is empty.
+async fn merge_all(store: &SqliteStore) {
+    let old = now_millis() - 2 * 60_000;
+    store
+        .commit(acceptance("old", Some("old-key"), old, 3 * HOUR))
+        .await
+        .expect("commit");
+    for _ in 0..100 {
+        if count(store, "SELECT COUNT(*) FROM ledger_staging") == 0 {
+            return;
+        }
+        store.ready().await.expect("ready");
+    }
+    panic!("the merge did not end");
+}
+
 /// Entries written now stay staged (no merge is due for a minute): found
 /// through the map, holding their key, read by the view `ledger`, and
 /// read back from the table after a restart.
@@ -88,19 +106,7 @@ async fn a_merge_moves_entries_into_their_partition_in_key_order() {
             .expect("commit");
     }
     assert_eq!(count(&store, "SELECT COUNT(*) FROM ledger_staging"), 200);
-    // One entry written over a minute ago by the clock makes a merge due
-    // at the next batch (here an empty one).
-    store
-        .commit(acceptance(
-            "old",
-            Some("key-old"),
-            now - 2 * 60_000,
-            3 * HOUR,
-        ))
-        .await
-        .expect("commit");
-    store.ready().await.expect("ready");
-    assert_eq!(count(&store, "SELECT COUNT(*) FROM ledger_staging"), 0);
+    merge_all(&store).await;
     assert_eq!(count(&store, "SELECT COUNT(*) FROM ledger_indexed"), 201);
     let conn = rusqlite::Connection::open(store.db_path()).expect("open");
     let partitions = strings(
@@ -255,21 +261,66 @@ async fn a_failed_batch_stages_nothing() {
             "the failed job held no key"
         );
     }
-    // Merge (an entry a minute old makes it due) and count each row once.
-    store
-        .commit(acceptance(
-            "old",
-            Some("old-key"),
-            now - 2 * 60_000,
-            3 * HOUR,
-        ))
-        .await
-        .expect("commit");
-    store.ready().await.expect("ready");
-    assert_eq!(count(&store, "SELECT COUNT(*) FROM ledger_staging"), 0);
+    // Merge and count each row once.
+    merge_all(&store).await;
     assert_eq!(count(&store, "SELECT COUNT(*) FROM ledger"), 4);
     assert_eq!(
         count(&store, "SELECT COUNT(DISTINCT key) FROM ledger_indexed"),
         4
     );
+}
+
+/// A merge cut short by a crash leaves rows both staged and copied: the
+/// view counts them once, and the next merge copies nothing twice.
+#[tokio::test]
+async fn a_row_already_copied_is_counted_and_merged_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = SqliteStore::open(dir.path()).expect("open");
+    let now = now_millis();
+    for (id, key) in [("c1", "copied-key"), ("c2", "staged-key")] {
+        store
+            .commit(acceptance(id, Some(key), now, 3 * HOUR))
+            .await
+            .expect("commit");
+    }
+    {
+        // What a first slice did before the crash: one row copied.
+        let mut conn = rusqlite::Connection::open(store.db_path()).expect("open");
+        let tx = conn.transaction().expect("tx");
+        let table =
+            super::super::ledger_partition::table_for(&tx, now, now + 3 * HOUR).expect("partition");
+        tx.execute(
+            &format!(
+                "INSERT INTO {table} (key_hash, workspace, key, fingerprint, reply, queue_id,
+                                      created_at, expires_at)
+                 SELECT key_hash, workspace, key, fingerprint, reply, queue_id, created_at,
+                        expires_at
+                 FROM ledger_staging WHERE key = 'copied-key'"
+            ),
+            [],
+        )
+        .expect("copy");
+        tx.commit().expect("commit");
+    }
+    assert_eq!(count(&store, "SELECT COUNT(*) FROM ledger_staging"), 2);
+    assert_eq!(
+        count(&store, "SELECT COUNT(*) FROM ledger"),
+        2,
+        "each entry once"
+    );
+    merge_all(&store).await;
+    assert_eq!(
+        count(
+            &store,
+            "SELECT COUNT(*) FROM ledger_indexed WHERE key = 'copied-key'"
+        ),
+        1
+    );
+    assert_eq!(count(&store, "SELECT COUNT(*) FROM ledger"), 3);
+    let entry = store
+        .lookup("ws", "copied-key", now + 1)
+        .await
+        .expect("lookup")
+        .expect("entry");
+    assert_eq!(entry.queue_id.as_deref(), Some("c1"));
 }

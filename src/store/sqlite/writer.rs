@@ -90,6 +90,7 @@ pub(super) fn run(
         identity,
         gone: false,
         staged,
+        merge: None,
         merge_failed_at: None,
     };
     batch::run_blocking(jobs, &wakers, |batch| writer.write(batch));
@@ -103,7 +104,9 @@ struct Writer {
     gone: bool,
     /// Ledger entries not yet merged into their partitions.
     staged: SharedStaged,
-    /// When the last merge failed: the next waits `MERGE_RETRY`.
+    /// The merge of staged entries under way, a slice per batch.
+    merge: Option<ledger_staging::Merge>,
+    /// When the last merge step failed: the next waits `MERGE_RETRY`.
     merge_failed_at: Option<Instant>,
 }
 
@@ -149,25 +152,32 @@ impl Writer {
 }
 
 impl Writer {
-    /// Moves the staged ledger entries into their partitions when enough
-    /// of them wait (`ledger_staging`), before the batch: the batch waits
-    /// for the merge as it would for a slow commit.
+    /// One step of moving the staged ledger entries into their partitions
+    /// (`ledger_staging`), when a merge is under way or due, before the
+    /// batch: the batch waits for it as it would for a slow commit.
     fn merge_if_due(&mut self) {
         if self
             .merge_failed_at
             .is_some_and(|at| at.elapsed() < MERGE_RETRY)
-            || !ledger_staging::lock(&self.staged).merge_due(crate::store::now_millis())
         {
             return;
         }
-        let started = Instant::now();
-        match ledger_staging::merge(&mut self.conn, &self.staged) {
-            Ok(n) => {
+        if self.merge.is_none()
+            && ledger_staging::lock(&self.staged).merge_due(crate::store::now_millis())
+        {
+            self.merge = ledger_staging::start_merge(&self.staged);
+        }
+        let Some(merge) = &mut self.merge else {
+            return;
+        };
+        match ledger_staging::merge_step(&mut self.conn, &self.staged, merge) {
+            Ok(ledger_staging::Step::Moved) => self.merge_failed_at = None,
+            Ok(ledger_staging::Step::Done(entries)) => {
                 self.merge_failed_at = None;
+                self.merge = None;
                 tracing::debug!(
-                    entries = n,
-                    ms = started.elapsed().as_millis(),
-                    "ledger entries merged into their partitions"
+                    entries,
+                    "staged ledger entries merged into their partitions"
                 );
             }
             Err(e) => {
