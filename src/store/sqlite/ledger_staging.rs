@@ -41,7 +41,7 @@ pub(super) const TABLE: &str = "ledger_staging";
 const MERGE_AT: usize = 131_072;
 /// Keys moved per step of a merge: one step waits before a batch (tens of
 /// milliseconds at 2M entries).
-const SLICE: usize = 8_192;
+const SLICE: i64 = 8_192;
 /// A quiet node merges too, so operators' scans of the staging table
 /// stay short and entries reach their partitions' expiry soon.
 const MERGE_AFTER: Duration = Duration::from_secs(60);
@@ -264,26 +264,40 @@ pub(super) fn insert(
     Ok(true)
 }
 
-/// A merge under way: the entries staged up to id `last`, moved into
-/// their partitions `SLICE` keys at a time in key order, one slice before
-/// each batch, and deleted from the staging table together at the end.
-/// Slices bound the time a batch waits however large the partitions'
-/// indexes grow, and together they write each index leaf once, as one
-/// transaction would: consecutive slices cover consecutive key ranges.
+/// A merge under way: the entries staged up to id `last`, copied sorted
+/// by key into a temporary table (the first step), moved from there into
+/// their partitions `SLICE` at a time, one step before each batch, and
+/// deleted from the staging table together at the end. Slices bound the
+/// time a batch waits however large the partitions' indexes grow, and
+/// together they write each index leaf once, as one transaction would:
+/// consecutive slices cover consecutive key ranges.
 #[derive(Debug)]
 pub(super) struct Merge {
     last: i64,
-    /// The (key_hash, id) moved last.
-    cursor: Option<(i64, i64)>,
-    moved: usize,
+    /// Rows in the sorted copy, once it is made.
+    sorted: Option<i64>,
+    /// The copy's rows moved so far (its rowids run from 1).
+    moved: i64,
+    /// Steps taken and the time they held the writer, for the log.
+    steps: u32,
+    busy: Duration,
 }
 
 /// What a merge step did.
 pub(super) enum Step {
-    /// A slice moved; more to go.
+    /// A step done; more to go.
     Moved,
-    /// Every entry is in its partition and gone from staging: how many.
-    Done(usize),
+    /// Every entry is in its partition and gone from staging.
+    Done(Merged),
+}
+
+/// A merge that ended: entries moved, in how many steps, and how long
+/// they held the writer altogether.
+#[derive(Debug)]
+pub(super) struct Merged {
+    pub(super) entries: i64,
+    pub(super) steps: u32,
+    pub(super) busy: Duration,
 }
 
 /// A merge of every entry staged so far, if there is any.
@@ -291,113 +305,143 @@ pub(super) fn start_merge(staged: &Mutex<StagedKeys>) -> Option<Merge> {
     let last = lock(staged).committed.keys().map(|&(_, id)| id).max()?;
     Some(Merge {
         last,
-        cursor: None,
+        sorted: None,
         moved: 0,
+        steps: 0,
+        busy: Duration::ZERO,
     })
 }
 
-/// Moves the next slice of `merge` in one transaction, or ends it: the
-/// staged rows deleted and the map's entries dropped once that commits.
+/// The next step of `merge`, in one transaction: the sorted copy, a
+/// slice, or the end (the staged rows deleted and the map's entries
+/// dropped once that commits).
 ///
 /// A slice copies a row unless its partition has it already (a merge cut
 /// short by a crash is started again from the first entry), and the view
 /// `ledger` leaves out staged rows that have their copy, so nobody counts
-/// an entry twice while the merge runs.
+/// an entry twice while the merge runs. The sorted copy is a TEMP table
+/// (the writer's connection keeps those in a file): gone with a crash,
+/// made again by the next merge.
 pub(super) fn merge_step(
     conn: &mut Connection,
     staged: &Mutex<StagedKeys>,
     merge: &mut Merge,
 ) -> rusqlite::Result<Step> {
-    use std::ops::Bound::{Excluded, Unbounded};
-    let slice: Vec<((i64, i64), Life)> = {
-        let staged = lock(staged);
-        let from = merge.cursor.map_or(Unbounded, Excluded);
-        staged
-            .committed
-            .range((from, Unbounded))
-            .filter(|&(&(_, id), _)| id <= merge.last)
-            .take(SLICE)
-            .map(|(&at, &life)| (at, life))
-            .collect()
-    };
+    let started = std::time::Instant::now();
+    merge.steps += 1;
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    if slice.is_empty() {
-        return finish(tx, staged, merge);
-    }
+    let step = match merge.sorted {
+        None => {
+            tx.execute_batch("DROP TABLE IF EXISTS temp.ledger_merge")?;
+            tx.execute(
+                "CREATE TEMP TABLE ledger_merge AS
+                 SELECT key_hash, workspace, key, fingerprint, reply, queue_id,
+                        created_at, expires_at
+                 FROM ledger_staging WHERE id <= ?1 ORDER BY key_hash, id",
+                [merge.last],
+            )?;
+            let rows = tx.query_row("SELECT COUNT(*) FROM temp.ledger_merge", [], |r| r.get(0))?;
+            tx.commit()?;
+            merge.sorted = Some(rows);
+            Step::Moved
+        }
+        Some(rows) if merge.moved < rows => {
+            let to = move_slice(&tx, merge.moved)?;
+            tx.commit()?;
+            merge.moved = to;
+            Step::Moved
+        }
+        Some(rows) => {
+            tx.execute("DELETE FROM ledger_staging WHERE id <= ?1", [merge.last])?;
+            tx.execute_batch("DROP TABLE temp.ledger_merge")?;
+            tx.commit()?;
+            forget(staged, merge.last);
+            Step::Done(Merged {
+                entries: rows,
+                steps: merge.steps,
+                busy: merge.busy + started.elapsed(),
+            })
+        }
+    };
+    merge.busy += started.elapsed();
+    Ok(step)
+}
+
+/// Copies the sorted copy's rows after `from` (up to `SLICE` of them) into
+/// their partitions: a statement per run of rows bound for the same one.
+/// The last row copied.
+fn move_slice(tx: &Transaction<'_>, from: i64) -> rusqlite::Result<i64> {
+    let rows: Vec<(i64, Life)> = tx
+        .prepare_cached(
+            "SELECT rowid, created_at, expires_at FROM temp.ledger_merge
+             WHERE rowid > ?1 ORDER BY rowid LIMIT ?2",
+        )?
+        .query_map(params![from, SLICE], |r| {
+            Ok((
+                r.get(0)?,
+                Life {
+                    created_at: r.get(1)?,
+                    expires_at: r.get(2)?,
+                },
+            ))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
     let mut tables: HashMap<String, String> = HashMap::new();
-    for &((_, id), life) in &slice {
+    let mut run: Option<(String, i64, i64)> = None;
+    for &(rowid, life) in &rows {
         let name = ledger_partition::Partition::of(life.created_at, life.expires_at).name;
         let table = match tables.get(&name) {
             Some(t) => t.clone(),
             None => {
-                let t = ledger_partition::table_for(&tx, life.created_at, life.expires_at)?;
+                let t = ledger_partition::table_for(tx, life.created_at, life.expires_at)?;
                 tables.insert(name, t.clone());
                 t
             }
         };
-        tx.prepare_cached(&copy_sql(&table))?.execute([id])?;
+        run = match run {
+            Some((t, first, _)) if t == table => Some((t, first, rowid)),
+            Some((t, first, end)) => {
+                copy_rows(tx, &t, first, end)?;
+                Some((table, rowid, rowid))
+            }
+            None => Some((table, rowid, rowid)),
+        };
     }
-    tx.commit()?;
-    merge.cursor = slice.last().map(|&(at, _)| at);
-    merge.moved += slice.len();
-    Ok(Step::Moved)
+    if let Some((t, first, end)) = run {
+        copy_rows(tx, &t, first, end)?;
+    }
+    Ok(rows.last().map_or(from, |&(rowid, _)| rowid))
 }
 
-/// The end of a merge: the staged rows it moved leave the table and the
-/// map. Should the table hold a row the map did not name (it never
-/// should), nothing is deleted: the map is read again from the table and
-/// the next merge moves that row too.
-fn finish(
-    tx: Transaction<'_>,
-    staged: &Mutex<StagedKeys>,
-    merge: &Merge,
-) -> rusqlite::Result<Step> {
-    let in_table: i64 = tx.query_row(
-        "SELECT COUNT(*) FROM ledger_staging WHERE id <= ?1",
-        [merge.last],
-        |r| r.get(0),
-    )?;
-    let in_map = lock(staged)
-        .committed
-        .keys()
-        .filter(|&&(_, id)| id <= merge.last)
-        .count();
-    if usize::try_from(in_table).ok() != Some(in_map) {
-        tracing::error!(
-            in_table,
-            in_map,
-            "staged ledger entries and their map disagree; reading the map again"
-        );
-        *lock(staged) = StagedKeys::load(&tx)?;
-        return Ok(Step::Done(0));
-    }
-    tx.execute("DELETE FROM ledger_staging WHERE id <= ?1", [merge.last])?;
-    tx.commit()?;
+/// Copies the sorted copy's rows `first..=end` into `table`, each unless
+/// `table` has it already.
+fn copy_rows(tx: &Transaction<'_>, table: &str, first: i64, end: i64) -> rusqlite::Result<()> {
+    tx.prepare_cached(&format!(
+        "INSERT INTO {table} (key_hash, workspace, key, fingerprint, reply, queue_id,
+                              created_at, expires_at)
+         SELECT key_hash, workspace, key, fingerprint, reply, queue_id, created_at, expires_at
+         FROM temp.ledger_merge m
+         WHERE m.rowid BETWEEN ?1 AND ?2 AND NOT EXISTS (
+             SELECT 1 FROM {table} t
+             WHERE t.key_hash = m.key_hash AND t.workspace = m.workspace
+               AND t.key = m.key AND t.created_at = m.created_at)"
+    ))?
+    .execute([first, end])?;
+    Ok(())
+}
+
+/// The map after a merge's end: the entries staged after it began.
+fn forget(staged: &Mutex<StagedKeys>, last: i64) {
     let mut staged = lock(staged);
     let rest: Vec<_> = std::mem::take(&mut staged.committed)
         .into_iter()
-        .filter(|&((_, id), _)| id > merge.last)
+        .filter(|&((_, id), _)| id > last)
         .collect();
     staged.oldest = UnixMillis::MAX;
     staged.soonest_expiry = UnixMillis::MAX;
     for (at, life) in rest {
         staged.add(at, life);
     }
-    Ok(Step::Done(merge.moved))
-}
-
-/// Copies staged row `?1` into `table` unless `table` has it already.
-fn copy_sql(table: &str) -> String {
-    format!(
-        "INSERT INTO {table} (key_hash, workspace, key, fingerprint, reply, queue_id,
-                              created_at, expires_at)
-         SELECT key_hash, workspace, key, fingerprint, reply, queue_id, created_at, expires_at
-         FROM ledger_staging s
-         WHERE s.id = ?1 AND NOT EXISTS (
-             SELECT 1 FROM {table} t
-             WHERE t.key_hash = s.key_hash AND t.workspace = s.workspace
-               AND t.key = s.key AND t.created_at = s.created_at)"
-    )
 }
 
 /// The view `ledger`'s arm for staged entries: those not yet copied into

@@ -107,6 +107,11 @@ impl SqliteStore {
         // Checkpoints run on their own thread (see checkpoint.rs).
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(classify)?;
+        // The writer's merges sort staged ledger entries in a TEMP table
+        // (`ledger_staging`): in a file, not in the process's memory (the
+        // bundled SQLite keeps temp tables in memory by default).
+        conn.pragma_update(None, "temp_store", "FILE")
+            .map_err(classify)?;
         let checkpointer = checkpoint::Checkpointer::spawn(db_path.clone())
             .map_err(|e| StoreError::Unavailable(format!("cannot start checkpoint thread: {e}")))?;
         let (jobs, rx) = JobSender::channel("ledger writer");

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::super::SqliteStore;
-use super::super::tests::{acceptance, strings};
+use super::super::tests::{acceptance, settle_merges, strings};
 use crate::store::{CommitOutcome, Store, now_millis};
 
 const HOUR: i64 = 3_600_000;
@@ -25,13 +25,7 @@ async fn merge_all(store: &SqliteStore) {
         .commit(acceptance("old", Some("old-key"), old, 3 * HOUR))
         .await
         .expect("commit");
-    for _ in 0..100 {
-        if count(store, "SELECT COUNT(*) FROM ledger_staging") == 0 {
-            return;
-        }
-        store.ready().await.expect("ready");
-    }
-    panic!("the merge did not end");
+    settle_merges(store).await;
 }
 
 /// Entries written now stay staged (no merge is due for a minute): found

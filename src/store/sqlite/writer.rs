@@ -172,11 +172,13 @@ impl Writer {
         };
         match ledger_staging::merge_step(&mut self.conn, &self.staged, merge) {
             Ok(ledger_staging::Step::Moved) => self.merge_failed_at = None,
-            Ok(ledger_staging::Step::Done(entries)) => {
+            Ok(ledger_staging::Step::Done(merged)) => {
                 self.merge_failed_at = None;
                 self.merge = None;
                 tracing::debug!(
-                    entries,
+                    entries = merged.entries,
+                    steps = merged.steps,
+                    ms = merged.busy.as_millis(),
                     "staged ledger entries merged into their partitions"
                 );
             }
