@@ -18,7 +18,7 @@
 
 use rusqlite::{OptionalExtension, Transaction, params};
 
-use crate::store::UnixMillis;
+use crate::store::{NewLedgerEntry, UnixMillis};
 
 /// Span steps, seconds. The widest that is at most a third of the
 /// retention: 3 h keeps 1 h spans (four live at once), a week 1 d spans,
@@ -133,6 +133,47 @@ pub(super) fn insert_sql(table: &str) -> String {
                               created_at, expires_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
     )
+}
+
+/// Whether `view` (`ledger` or `ledger_indexed`) has a live entry of the
+/// key at the entry's creation: the check before a write.
+pub(super) fn held_in(
+    tx: &Transaction<'_>,
+    view: &str,
+    hash: i64,
+    l: &NewLedgerEntry,
+) -> rusqlite::Result<bool> {
+    let held: Option<i64> = tx
+        .prepare_cached(&format!(
+            "SELECT 1 FROM {view}
+             WHERE key_hash = ?1 AND workspace = ?2 AND key = ?3 AND expires_at > ?4"
+        ))?
+        .query_row(params![hash, l.workspace, l.key, l.entry.created_at], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    Ok(held.is_some())
+}
+
+/// Writes the entry into `table` (a partition, or the staging table).
+pub(super) fn write_entry(
+    tx: &Transaction<'_>,
+    table: &str,
+    hash: i64,
+    l: &NewLedgerEntry,
+) -> rusqlite::Result<()> {
+    let e = &l.entry;
+    tx.prepare_cached(&insert_sql(table))?.execute(params![
+        hash,
+        l.workspace,
+        l.key,
+        &e.fingerprint[..],
+        super::ledger_reply::pack(&e.reply, e.queue_id.as_deref()),
+        e.queue_id,
+        e.created_at,
+        e.expires_at
+    ])?;
+    Ok(())
 }
 
 /// The two views of the ledger, written only when they change:

@@ -3,7 +3,7 @@
 //! batch loop (`store::batch`): group commit, one fsync per batch. Here:
 //! the transaction, and the data directory's identity around it.
 
-use rusqlite::{Connection, OptionalExtension, Transaction, params};
+use rusqlite::{Connection, Transaction, params};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::classify;
 use super::identity::DataDirIdentity;
 use super::ledger_staging::{self, SharedStaged};
-use super::{ledger_key, ledger_partition, ledger_reply};
+use super::{ledger_key, ledger_partition};
 use crate::store::batch::{self, Answer, Answers, Pending, Reply, Wakers};
 use crate::store::{
     Acceptance, CommitOutcome, NewEvent, NewLedgerEntry, NewMessage, StoreError, UnixMillis,
@@ -267,31 +267,11 @@ pub(crate) fn insert_ledger(tx: &Transaction<'_>, l: &NewLedgerEntry) -> rusqlit
     // thread, the operators' `admin` connection) holds the database's
     // write lock. The view `ledger` has the staged entries too.
     let hash = ledger_key::hash(&l.key);
-    let e = &l.entry;
-    let held: Option<i64> = tx
-        .prepare_cached(
-            "SELECT 1 FROM ledger
-             WHERE key_hash = ?1 AND workspace = ?2 AND key = ?3 AND expires_at > ?4",
-        )?
-        .query_row(params![hash, l.workspace, l.key, e.created_at], |r| {
-            r.get(0)
-        })
-        .optional()?;
-    if held.is_some() {
+    if ledger_partition::held_in(tx, "ledger", hash, l)? {
         return Ok(false);
     }
-    let table = ledger_partition::table_for(tx, e.created_at, e.expires_at)?;
-    tx.prepare_cached(&ledger_partition::insert_sql(&table))?
-        .execute(params![
-            hash,
-            l.workspace,
-            l.key,
-            &e.fingerprint[..],
-            ledger_reply::pack(&e.reply, e.queue_id.as_deref()),
-            e.queue_id,
-            e.created_at,
-            e.expires_at
-        ])?;
+    let table = ledger_partition::table_for(tx, l.entry.created_at, l.entry.expires_at)?;
+    ledger_partition::write_entry(tx, &table, hash, l)?;
     Ok(true)
 }
 
