@@ -104,24 +104,32 @@ pub(super) fn table_for(
         .optional()?;
     if exists.is_none() {
         tx.execute_batch(&format!(
-            "CREATE TABLE {name} (
-                id INTEGER PRIMARY KEY,
-                key_hash INTEGER NOT NULL,
-                workspace TEXT NOT NULL,
-                key TEXT NOT NULL,
-                fingerprint BLOB NOT NULL,
-                reply BLOB NOT NULL,
-                queue_id TEXT,
-                created_at INTEGER NOT NULL,
-                expires_at INTEGER NOT NULL
-             );
-             CREATE INDEX {index} ON {name}(key_hash);",
+            "{}; CREATE INDEX {index} ON {name}(key_hash);",
+            create_sql(&p.name),
             name = p.name,
             index = p.index(),
         ))?;
         rebuild_view(tx)?;
     }
     Ok(p.name)
+}
+
+/// `CREATE TABLE name` with a partition's columns (the staging table's
+/// too: entries move from it as they are).
+pub(super) fn create_sql(name: &str) -> String {
+    format!(
+        "CREATE TABLE {name} (
+            id INTEGER PRIMARY KEY,
+            key_hash INTEGER NOT NULL,
+            workspace TEXT NOT NULL,
+            key TEXT NOT NULL,
+            fingerprint BLOB NOT NULL,
+            reply BLOB NOT NULL,
+            queue_id TEXT,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL
+         )"
+    )
 }
 
 /// The insert of one entry into partition `table`, parameters in the order

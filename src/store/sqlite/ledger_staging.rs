@@ -48,18 +48,10 @@ const SLICE: i64 = 8_192;
 /// stay short and an entry that expired leaves with its partition.
 const MERGE_AFTER: Duration = Duration::from_secs(60);
 
-/// The staging table's columns, as the partitions' (`ledger_partition`).
-pub(super) const CREATE: &str = "CREATE TABLE ledger_staging (
-        id INTEGER PRIMARY KEY,
-        key_hash INTEGER NOT NULL,
-        workspace TEXT NOT NULL,
-        key TEXT NOT NULL,
-        fingerprint BLOB NOT NULL,
-        reply BLOB NOT NULL,
-        queue_id TEXT,
-        created_at INTEGER NOT NULL,
-        expires_at INTEGER NOT NULL
-     )";
+/// Schema migration 8: the staging table, with the partitions' columns.
+pub(super) fn create(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(&ledger_partition::create_sql(TABLE))
+}
 
 /// When a staged entry was written and when it expires: which partition
 /// it is merged into.

@@ -120,7 +120,7 @@ const MIGRATIONS: &[Migration] = &[
     Code(compact_queue),
     // 8: new ledger entries staged in write order, merged into their
     //    partitions in key order (`ledger_staging`, issue 24).
-    Sql(super::ledger_staging::CREATE),
+    Code(super::ledger_staging::create),
 ];
 
 pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<u32> {
