@@ -98,11 +98,7 @@ pub(super) fn table_for(
     expires_at: UnixMillis,
 ) -> rusqlite::Result<String> {
     let p = Partition::of(created_at, expires_at);
-    let exists: Option<i64> = tx
-        .prepare_cached("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1")?
-        .query_row([&p.name], |r| r.get(0))
-        .optional()?;
-    if exists.is_none() {
+    if !table_exists(tx, &p.name)? {
         tx.execute_batch(&format!(
             "{}; CREATE INDEX {index} ON {name}(key_hash);",
             create_sql(&p.name),
@@ -112,6 +108,14 @@ pub(super) fn table_for(
         rebuild_view(tx)?;
     }
     Ok(p.name)
+}
+
+fn table_exists(tx: &Transaction<'_>, name: &str) -> rusqlite::Result<bool> {
+    let found: Option<i64> = tx
+        .prepare_cached("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1")?
+        .query_row([name], |r| r.get(0))
+        .optional()?;
+    Ok(found.is_some())
 }
 
 /// `CREATE TABLE name` with a partition's columns (the staging table's
@@ -143,19 +147,15 @@ pub(super) fn insert_sql(table: &str) -> String {
     )
 }
 
-/// Whether `view` (`ledger` or `ledger_indexed`) has a live entry of the
-/// key at the entry's creation: the check before a write.
-pub(super) fn held_in(
-    tx: &Transaction<'_>,
-    view: &str,
-    hash: i64,
-    l: &NewLedgerEntry,
-) -> rusqlite::Result<bool> {
+/// Whether the view `ledger` (staged entries included) has a live entry
+/// of the key at the entry's creation: the operators' check before a
+/// write (the writer's is `ledger_staging::find`).
+pub(super) fn held(tx: &Transaction<'_>, hash: i64, l: &NewLedgerEntry) -> rusqlite::Result<bool> {
     let held: Option<i64> = tx
-        .prepare_cached(&format!(
-            "SELECT 1 FROM {view}
-             WHERE key_hash = ?1 AND workspace = ?2 AND key = ?3 AND expires_at > ?4"
-        ))?
+        .prepare_cached(
+            "SELECT 1 FROM ledger
+             WHERE key_hash = ?1 AND workspace = ?2 AND key = ?3 AND expires_at > ?4",
+        )?
         .query_row(params![hash, l.workspace, l.key, l.entry.created_at], |r| {
             r.get(0)
         })
@@ -197,15 +197,8 @@ pub(super) fn rebuild_view(tx: &Transaction<'_>) -> rusqlite::Result<()> {
         .filter(|(_, indexed)| *indexed)
         .map(|(p, _)| format!("SELECT {COLUMNS} FROM {}", p.name))
         .collect();
-    let staging: Option<i64> = tx
-        .query_row(
-            "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1",
-            [super::ledger_staging::TABLE],
-            |r| r.get(0),
-        )
-        .optional()?;
     let mut all = arms.clone();
-    if staging.is_some() {
+    if table_exists(tx, super::ledger_staging::TABLE)? {
         all.push(super::ledger_staging::view_arm(COLUMNS));
     }
     write_view(tx, "ledger_indexed", &arms)?;

@@ -174,7 +174,18 @@ pub(super) fn lookup(
     key: &str,
     now: UnixMillis,
 ) -> rusqlite::Result<Option<LedgerEntry>> {
-    let hash = ledger_key::hash(key);
+    find(conn, staged, ledger_key::hash(key), workspace, key, now)
+}
+
+/// `lookup` by a key's hash: the lookups' read and the writer's check.
+fn find(
+    conn: &Connection,
+    staged: &Mutex<StagedKeys>,
+    hash: i64,
+    workspace: &str,
+    key: &str,
+    now: UnixMillis,
+) -> rusqlite::Result<Option<LedgerEntry>> {
     // Candidates first, the partitions after, each read a later snapshot
     // than the one before: an entry merged away from staging meanwhile is
     // in its partition by the time that is read.
@@ -219,15 +230,9 @@ pub(super) fn insert(
 ) -> rusqlite::Result<bool> {
     let hash = ledger_key::hash(&l.key);
     let e = &l.entry;
-    // Only this thread changes the map: the lock is held for the reads of
-    // it, not across the statements, so lookups never wait on those.
-    let candidates = lock(staged).candidates(hash);
-    for id in candidates {
-        if staged_entry(tx, id, &l.workspace, &l.key, e.created_at)?.is_some() {
-            return Ok(false);
-        }
-    }
-    if ledger_partition::held_in(tx, "ledger_indexed", hash, l)? {
+    // Only this thread changes the map, and `find` holds its lock only to
+    // read it, not across the statements, so lookups never wait on those.
+    if find(tx, staged, hash, &l.workspace, &l.key, e.created_at)?.is_some() {
         return Ok(false);
     }
     ledger_partition::write_entry(tx, TABLE, hash, l)?;

@@ -3,9 +3,9 @@
 //! batch loop (`store::batch`): group commit, one fsync per batch. Here:
 //! the transaction, and the data directory's identity around it.
 
-use rusqlite::{Connection, Transaction, params};
 use std::time::{Duration, Instant};
 
+use rusqlite::{Connection, Transaction, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::classify;
@@ -149,9 +149,7 @@ impl Writer {
             }
         }
     }
-}
 
-impl Writer {
     /// One step of moving the staged ledger entries into their partitions
     /// (`ledger_staging`), when a merge is under way or due, before the
     /// batch: the batch waits for it as it would for a slow commit.
@@ -267,7 +265,7 @@ pub(crate) fn insert_ledger(tx: &Transaction<'_>, l: &NewLedgerEntry) -> rusqlit
     // thread, the operators' `admin` connection) holds the database's
     // write lock. The view `ledger` has the staged entries too.
     let hash = ledger_key::hash(&l.key);
-    if ledger_partition::held_in(tx, "ledger", hash, l)? {
+    if ledger_partition::held(tx, hash, l)? {
         return Ok(false);
     }
     let table = ledger_partition::table_for(tx, l.entry.created_at, l.entry.expires_at)?;
