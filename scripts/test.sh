@@ -55,6 +55,13 @@ fi
 
 apt_need openssl openssl
 
+# tests/mx_dns.rs runs a real DNS: Knot (authoritative, signing the test
+# zones with DNSSEC; keymgr comes with it) and Unbound (validating). Both
+# run as the test's own processes on free loopback ports; the packages'
+# own services are not used. It fails (does not skip) without them.
+apt_need knot /usr/sbin/knotd
+apt_need unbound /usr/sbin/unbound
+
 # tests/console_browser.rs drives Debian's chromium with playwright-core
 # (pinned in tests/console/package-lock.json; it downloads no browser of
 # its own); it fails (does not skip) without either.

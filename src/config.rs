@@ -42,7 +42,7 @@ pub use idempotency::RawIdempotency;
 pub use limits::{Limits, MAX_MIME_DEPTH_CEILING, RawLimits};
 pub use listener::{Listener, RawListener, RawTls, SmtpTls, TlsFiles};
 pub use metrics::{MetricsSettings, RawMetrics};
-pub use relay::{Delivery, RawRelay, Relay, TlsTrust};
+pub use relay::{Delivery, RawRelay, Relay, TlsLevel, TlsPolicy, TlsTrust};
 pub use server::RawServer;
 pub use store::{PostgresSettings, RawStore, StoreBackend};
 pub use users::{RawTrustedNetwork, RawUser, TrustedNetwork, User};

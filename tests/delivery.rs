@@ -15,7 +15,10 @@ use std::time::Duration;
 
 use common::tiny::{Tiny, Txn, accept_all};
 use common::{Client, Daemon, Options, message, wait_until};
-use smtp_once::delivery::mx::{DnsError, MxAnswer, MxRecord, MxTransport, Resolver};
+use smtp_once::delivery::dane::Tlsa;
+use smtp_once::delivery::mx::{
+    DnsError, MxAnswer, MxRecord, MxSettings, MxTransport, Resolver, Secured,
+};
 use smtp_once::delivery::outgoing::Outgoing;
 use smtp_once::delivery::smtp::ClientSettings;
 use smtp_once::delivery::{RcptResult, Status};
@@ -709,17 +712,26 @@ struct FakeDns {
 }
 
 impl Resolver for FakeDns {
-    fn mx<'a>(&'a self, domain: &'a str) -> BoxFuture<'a, Result<MxAnswer, DnsError>> {
+    fn mx<'a>(&'a self, domain: &'a str) -> BoxFuture<'a, Result<Secured<MxAnswer>, DnsError>> {
         Box::pin(async move {
             self.mx
                 .get(domain)
                 .cloned()
                 .unwrap_or(Ok(MxAnswer::NoDomain))
+                .map(Secured::insecure)
         })
     }
 
-    fn ips<'a>(&'a self, host: &'a str) -> BoxFuture<'a, Result<Vec<IpAddr>, DnsError>> {
-        Box::pin(async move { Ok(self.ips.get(host).cloned().unwrap_or_default()) })
+    fn ips<'a>(&'a self, host: &'a str) -> BoxFuture<'a, Result<Secured<Vec<IpAddr>>, DnsError>> {
+        Box::pin(async move {
+            Ok(Secured::insecure(
+                self.ips.get(host).cloned().unwrap_or_default(),
+            ))
+        })
+    }
+
+    fn tlsa<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Result<Secured<Vec<Tlsa>>, DnsError>> {
+        Box::pin(async move { Ok(Secured::insecure(Vec::new())) })
     }
 }
 
@@ -798,7 +810,7 @@ async fn mx_routing_to_loopback_servers() {
     dns.ips.insert("backup.example.net", vec![ip("127.0.0.1")]);
     dns.ips.insert("down.example", vec![ip("127.0.0.3")]);
     dns.ips.insert("implicit.example", vec![ip("127.0.0.1")]);
-    let t = MxTransport::new(Arc::new(dns), port, settings()).expect("transport");
+    let t = MxTransport::new(Arc::new(dns), MxSettings::new(port), settings()).expect("transport");
 
     let r = mx_deliver(&t, &["a@example.net", "b@EXAMPLE.net"]).await;
     assert!(r.iter().all(|r| r.status == Status::Delivered), "{r:?}");
@@ -853,7 +865,12 @@ async fn mx_uses_starttls_when_offered() {
     dns.mx
         .insert("tls.example", records(&[(10, "mx.tls.example")]));
     dns.ips.insert("mx.tls.example", vec![ip("127.0.0.1")]);
-    let t = MxTransport::new(Arc::new(dns), b.starttls.port(), settings()).expect("transport");
+    let t = MxTransport::new(
+        Arc::new(dns),
+        MxSettings::new(b.starttls.port()),
+        settings(),
+    )
+    .expect("transport");
     let r = mx_deliver(&t, &["a@tls.example"]).await;
     assert_eq!(r[0].status, Status::Delivered, "{r:?}");
     let ids = b.queue_ids_for_key("smtp-once-MXTEST00001");

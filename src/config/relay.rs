@@ -67,6 +67,18 @@ pub struct RawRelay {
     pub timeout: String,
     /// The port MX hosts are contacted on (25; another one only for tests).
     pub mx_port: u16,
+    /// `mx` mode: the recursive DNS servers to ask (`ip:port` or `ip`),
+    /// instead of `/etc/resolv.conf`'s. DANE trusts their AD flag only
+    /// when they are on loopback (a local validating resolver).
+    pub dns_servers: Vec<String>,
+    /// `mx` mode: PEM file of the roots that `verify` (and MTA-STS) check
+    /// MX certificates against, instead of the system's.
+    pub mx_ca_file: Option<PathBuf>,
+    /// `mx` mode: the TLS level for a domain with no entry in `tls_policy`.
+    pub tls_default: String,
+    /// `mx` mode: TLS level per recipient domain (Postfix's
+    /// `smtp_tls_policy_maps`): none, may, encrypt, verify, dane, dane-only.
+    pub tls_policy: std::collections::BTreeMap<String, String>,
     /// TEST ONLY: sleep this long after the next hop answered DATA and
     /// before recording the outcome, so a test can kill the process there.
     pub delivery_test_pause_after_send: Option<String>,
@@ -109,6 +121,10 @@ impl Default for RawRelay {
             poll_interval: "1s".into(),
             timeout: "5m".into(),
             mx_port: 25,
+            dns_servers: Vec::new(),
+            mx_ca_file: None,
+            tls_default: "dane".into(),
+            tls_policy: Default::default(),
             delivery_test_pause_after_send: None,
         }
     }
@@ -148,10 +164,74 @@ pub struct Delivery {
     pub poll_interval: Duration,
     pub timeout: Duration,
     pub mx_port: u16,
+    /// Empty: `/etc/resolv.conf`'s.
+    pub dns_servers: Vec<std::net::SocketAddr>,
+    /// Roots for `verify` (a CA file, or the system's).
+    pub mx_trust: TlsTrust,
+    pub tls_policy: TlsPolicy,
     /// Certificate check for a smarthost reached over TLS.
     pub smarthost_trust: TlsTrust,
     /// TEST ONLY (`relay.delivery_test_pause_after_send`).
     pub test_pause_after_send: Duration,
+}
+
+/// How much TLS a recipient domain's MX hosts must offer (`mx` mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsLevel {
+    /// Plaintext, even when STARTTLS is offered.
+    None,
+    /// STARTTLS when offered, unverified; plaintext otherwise (RFC 7435).
+    May,
+    /// STARTTLS required, certificate not verified.
+    Encrypt,
+    /// STARTTLS required, certificate verified against the roots and the
+    /// MX host name.
+    Verify,
+    /// DANE where DNSSEC-validated TLSA records are published, `may`
+    /// elsewhere (the default).
+    Dane,
+    /// DANE required: without usable TLSA records, defer.
+    DaneOnly,
+}
+
+impl TlsLevel {
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "none" => Self::None,
+            "may" => Self::May,
+            "encrypt" => Self::Encrypt,
+            "verify" => Self::Verify,
+            "dane" => Self::Dane,
+            "dane-only" => Self::DaneOnly,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::May => "may",
+            Self::Encrypt => "encrypt",
+            Self::Verify => "verify",
+            Self::Dane => "dane",
+            Self::DaneOnly => "dane-only",
+        }
+    }
+}
+
+/// `tls_default` and the per-domain `tls_policy`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsPolicy {
+    pub default: TlsLevel,
+    /// Lowercase domain names, without a trailing dot.
+    pub domains: std::collections::BTreeMap<String, TlsLevel>,
+}
+
+impl TlsPolicy {
+    pub fn level_for(&self, domain: &str) -> TlsLevel {
+        let domain = domain.trim_end_matches('.').to_ascii_lowercase();
+        self.domains.get(&domain).copied().unwrap_or(self.default)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -239,6 +319,18 @@ pub(super) fn check_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Del
     }
     check_counts(r, p);
     let smarthost_trust = check_smarthost_trust(r, base, p);
+    let mx_trust = match &r.mx_ca_file {
+        Some(file) => {
+            let file = resolve(base, file);
+            if let Err(e) = crate::tls::load_roots(&file) {
+                p.add("relay.mx_ca_file", e);
+            }
+            TlsTrust::CaFile(file)
+        }
+        None => TlsTrust::System,
+    };
+    let dns_servers = check_dns_servers(&r.dns_servers, p);
+    let tls_policy = check_tls_policy(r, p);
     if r.username.is_some() != r.password.is_some() {
         p.add(
             "relay.password",
@@ -279,9 +371,58 @@ pub(super) fn check_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Del
         poll_interval,
         timeout,
         mx_port: r.mx_port,
+        dns_servers,
+        mx_trust,
+        tls_policy,
         smarthost_trust,
         test_pause_after_send,
     }
+}
+
+/// `ip:port`, or an `ip` meaning port 53.
+fn check_dns_servers(servers: &[String], p: &mut Problems) -> Vec<std::net::SocketAddr> {
+    let mut out = Vec::new();
+    for (i, s) in servers.iter().enumerate() {
+        let parsed = s
+            .parse::<std::net::SocketAddr>()
+            .ok()
+            .or_else(|| s.parse::<std::net::IpAddr>().ok().map(|ip| (ip, 53).into()));
+        match parsed {
+            Some(addr) => out.push(addr),
+            None => p.add(
+                format!("relay.dns_servers[{i}]"),
+                format!("{s:?} must be an IP address, with or without :port"),
+            ),
+        }
+    }
+    out
+}
+
+fn check_tls_policy(r: &RawRelay, p: &mut Problems) -> TlsPolicy {
+    const LEVELS: &str = "must be none, may, encrypt, verify, dane or dane-only";
+    let default = TlsLevel::parse(&r.tls_default).unwrap_or_else(|| {
+        p.add("relay.tls_default", format!("{:?} {LEVELS}", r.tls_default));
+        TlsLevel::Dane
+    });
+    let mut domains = std::collections::BTreeMap::new();
+    for (domain, level) in &r.tls_policy {
+        let key = format!("relay.tls_policy.{domain:?}");
+        let name = domain.trim_end_matches('.').to_ascii_lowercase();
+        let valid = !name.is_empty()
+            && name.split('.').all(|l| {
+                !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        if !valid {
+            p.add(key.clone(), "must be a domain name");
+        }
+        match TlsLevel::parse(level) {
+            Some(level) => {
+                domains.insert(name, level);
+            }
+            None => p.add(key, format!("{level:?} {LEVELS}")),
+        }
+    }
+    TlsPolicy { default, domains }
 }
 
 fn check_retry_schedule(schedule: &[String], p: &mut Problems) -> Vec<Duration> {

@@ -14,7 +14,6 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -49,17 +48,19 @@ impl Default for PoolSettings {
 /// An open, greeted session to one address of a destination.
 pub struct Conn {
     session: Session,
-    /// The host name and address it is connected to, for the record.
+    /// The host name and address it is connected to, and how it was
+    /// secured, for the record.
     hop: String,
     timeout: Duration,
     transactions: usize,
 }
 
 impl Conn {
-    pub fn new(session: Session, host: &str, addr: SocketAddr, timeout: Duration) -> Self {
+    /// `hop`: `host [addr]`, and how the session is secured.
+    pub fn new(session: Session, hop: &str, timeout: Duration) -> Self {
         Self {
             session,
-            hop: format!("{host} [{addr}]"),
+            hop: hop.to_owned(),
             timeout,
             transactions: 0,
         }
@@ -274,6 +275,7 @@ mod tests {
     use super::*;
     use crate::delivery::Status;
     use crate::delivery::smtp::{self, ClientSettings, Security};
+    use std::net::SocketAddr;
     use std::sync::atomic::AtomicUsize;
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -404,7 +406,7 @@ mod tests {
         let open = || async {
             smtp::open(addr, "sink", &Security::Plain, None, &settings)
                 .await
-                .map(|s| Conn::new(s, "sink", addr, settings.timeout))
+                .map(|s| Conn::new(s, &format!("sink [{addr}]"), settings.timeout))
                 .map_err(|e| e.message)
         };
         pool.send("sink", &mail, open).await.expect("opened")

@@ -13,11 +13,14 @@
 pub mod attempt;
 pub mod connection_pool;
 pub mod content;
+pub mod dane;
+pub mod dns;
 pub mod dsn;
 pub mod file;
 pub mod mx;
 pub mod outgoing;
 pub mod plan;
+pub mod resolver;
 pub mod smarthost;
 pub mod smtp;
 pub mod status_text;

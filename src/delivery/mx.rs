@@ -8,41 +8,13 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use hickory_resolver::TokioResolver;
-use hickory_resolver::proto::rr::RData;
-
 use super::connection_pool::{Conn, ConnectionPool, Mail, PoolSettings};
+use super::dane::{self, Tlsa};
 use super::outgoing::Outgoing;
+pub use super::resolver::{DnsError, MxAnswer, MxRecord, Resolver, Secured};
 use super::smtp::{self, ClientSettings, Security};
 use super::{DeliveryError, RcptResult, Status, domain_of};
-use crate::store::BoxFuture;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MxRecord {
-    pub preference: u16,
-    /// Without the trailing dot; empty for the root (a null MX).
-    pub exchange: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MxAnswer {
-    Records(Vec<MxRecord>),
-    /// The domain exists but has no MX records.
-    NoRecords,
-    /// NXDOMAIN.
-    NoDomain,
-}
-
-/// A DNS failure that may pass (timeout, SERVFAIL): try again later.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("DNS: {0}")]
-pub struct DnsError(pub String);
-
-pub trait Resolver: Send + Sync + 'static {
-    fn mx<'a>(&'a self, domain: &'a str) -> BoxFuture<'a, Result<MxAnswer, DnsError>>;
-    /// A and AAAA; empty when the name has none (or does not exist).
-    fn ips<'a>(&'a self, host: &'a str) -> BoxFuture<'a, Result<Vec<IpAddr>, DnsError>>;
-}
+use crate::config::{TlsLevel, TlsPolicy, TlsTrust};
 
 /// Where mail for a domain goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,27 +79,107 @@ fn seed() -> u64 {
         .map_or(0, |d| u64::from(d.subsec_nanos()))
 }
 
+/// What `mx` mode needs to know besides DNS: the port, the TLS policy, and
+/// who we are (so mail never loops back to this relay).
+#[derive(Debug, Clone)]
+pub struct MxSettings {
+    pub port: u16,
+    pub policy: TlsPolicy,
+    /// Roots for `verify`.
+    pub trust: TlsTrust,
+    /// `server.hostname`: an MX of this name is this relay.
+    pub hostname: String,
+    /// The SMTP listeners' addresses: an MX address among them is this relay.
+    pub listeners: Vec<SocketAddr>,
+}
+
+impl MxSettings {
+    /// Port `port`, the default policy, system roots, nobody's listeners.
+    pub fn new(port: u16) -> Self {
+        Self {
+            port,
+            policy: TlsPolicy {
+                default: TlsLevel::Dane,
+                domains: Default::default(),
+            },
+            trust: TlsTrust::System,
+            hostname: String::new(),
+            listeners: Vec::new(),
+        }
+    }
+
+    /// RFC 5321 5.1 (and Postfix's "mail for ... loops back to myself"):
+    /// this relay must never be one of its own next hops.
+    fn is_self(&self, host: &str, ip: Option<IpAddr>) -> bool {
+        if !self.hostname.is_empty() && host.eq_ignore_ascii_case(&self.hostname) {
+            return true;
+        }
+        ip.is_some_and(|ip| {
+            self.listeners.iter().any(|l| {
+                l.port() == self.port
+                    && (l.ip() == ip || (l.ip().is_unspecified() && ip.is_loopback()))
+            })
+        })
+    }
+}
+
+/// How one MX host is reached, from the domain's TLS level and its DNS.
+#[derive(Debug, Clone)]
+enum Plan {
+    Plain,
+    /// STARTTLS if offered, plaintext if not or if the handshake fails.
+    Opportunistic,
+    /// STARTTLS or nothing; any certificate.
+    Encrypt,
+    /// STARTTLS or nothing; a certificate for the host from the roots.
+    Verify,
+    /// STARTTLS or nothing; a certificate the TLSA records vouch for.
+    Dane(Vec<Tlsa>),
+}
+
+impl Plan {
+    /// Sessions opened under different plans are never mixed in the pool.
+    fn tag(&self) -> &'static str {
+        match self {
+            Plan::Plain => "plain",
+            Plan::Opportunistic => "may",
+            Plan::Encrypt => "encrypt",
+            Plan::Verify => "verify",
+            Plan::Dane(_) => "dane",
+        }
+    }
+}
+
 pub struct MxTransport {
     resolver: Arc<dyn Resolver>,
-    port: u16,
-    tls: tokio_rustls::TlsConnector,
+    mx: MxSettings,
+    unverified: tokio_rustls::TlsConnector,
+    verified: tokio_rustls::TlsConnector,
     settings: ClientSettings,
     /// Open sessions per MX host, reused across messages and domains.
     pool: ConnectionPool,
 }
 
+/// The recipients' common outcome when no host could be used.
+fn all(recipients: &[String], status: Status, why: &str) -> Vec<RcptResult> {
+    RcptResult::all(recipients, status, why, None)
+}
+
 impl MxTransport {
     pub fn new(
         resolver: Arc<dyn Resolver>,
-        port: u16,
+        mx: MxSettings,
         settings: ClientSettings,
     ) -> Result<Self, DeliveryError> {
-        let tls = super::tls::unverified()
+        let unverified = super::tls::unverified()
             .map_err(|e| DeliveryError::Setup(format!("relay TLS: {e}")))?;
+        let verified = super::tls::connector(&mx.trust)
+            .map_err(|e| DeliveryError::Setup(format!("relay TLS (mx_ca_file): {e}")))?;
         Ok(Self {
             resolver,
-            port,
-            tls,
+            mx,
+            unverified,
+            verified,
             settings,
             pool: ConnectionPool::new(PoolSettings::default()),
         })
@@ -146,81 +198,177 @@ impl MxTransport {
 
     /// Delivers to recipients that all share one domain.
     pub async fn deliver(&self, msg: &Outgoing, recipients: &[String]) -> Vec<RcptResult> {
-        let all = |status, why: &str| RcptResult::all(recipients, status, why, None);
         let Some(domain) = recipients.first().and_then(|r| domain_of(r)) else {
-            return all(Status::Failed, "550 5.1.3 recipient address has no domain");
+            return all(
+                recipients,
+                Status::Failed,
+                "550 5.1.3 recipient address has no domain",
+            );
         };
-        let hosts =
-            if let Some(literal) = domain.strip_prefix('[').and_then(|d| d.strip_suffix(']')) {
-                // A domain literal (RFC 5321 4.1.3) names the host directly.
-                let ip = match literal.get(..5) {
-                    Some(tag) if tag.eq_ignore_ascii_case("IPv6:") => {
-                        literal.get(5..).unwrap_or_default()
-                    }
-                    _ => literal,
-                };
-                match ip.parse::<IpAddr>() {
-                    Ok(ip) => {
-                        return self
-                            .try_host(msg, recipients, &domain, &[ip])
-                            .await
-                            .unwrap_or_else(|e| all(Status::Deferred, &e));
-                    }
-                    Err(_) => return all(Status::Failed, "550 5.1.2 bad address literal"),
+        if let Some(literal) = domain.strip_prefix('[').and_then(|d| d.strip_suffix(']')) {
+            return self
+                .deliver_to_literal(msg, recipients, &domain, literal)
+                .await;
+        }
+        let level = self.mx.policy.level_for(&domain);
+        let (hosts, mx_secure) = match self.resolver.mx(&domain).await {
+            Err(e) => return all(recipients, Status::Deferred, &format!("451 4.4.3 {e}")),
+            Ok(answer) => match route(&domain, answer.value, seed()) {
+                Route::NullMx => {
+                    return all(
+                        recipients,
+                        Status::Failed,
+                        &format!("556 5.1.10 {domain} accepts no mail (null MX, RFC 7505)"),
+                    );
                 }
-            } else {
-                match self
-                    .resolver
-                    .mx(&domain)
-                    .await
-                    .map(|a| route(&domain, a, seed()))
-                {
-                    Err(e) => return all(Status::Deferred, &format!("451 4.4.3 {e}")),
-                    Ok(Route::NullMx) => {
-                        return all(
-                            Status::Failed,
-                            &format!("556 5.1.10 {domain} accepts no mail (null MX, RFC 7505)"),
-                        );
-                    }
-                    Ok(Route::NoDomain) => {
-                        return all(
-                            Status::Failed,
-                            &format!("550 5.1.2 domain {domain} does not exist"),
-                        );
-                    }
-                    Ok(Route::Hosts { hosts, .. }) => hosts,
+                Route::NoDomain => {
+                    return all(
+                        recipients,
+                        Status::Failed,
+                        &format!("550 5.1.2 domain {domain} does not exist"),
+                    );
                 }
-            };
+                Route::Hosts { hosts, .. } => (hosts, answer.secure),
+            },
+        };
         let mut last = None;
         let mut any_address = false;
         for host in &hosts {
             let ips = match self.resolver.ips(host).await {
                 Ok(ips) => ips,
                 Err(e) => {
-                    last = Some(format!("{host}: {e}"));
+                    last = Some(format!("451 4.4.3 {host}: {e}"));
                     any_address = true; // unknown, so not a permanent failure
                     continue;
                 }
             };
-            if ips.is_empty() {
+            let us = self.mx.is_self(host, None)
+                || ips.value.iter().any(|ip| self.mx.is_self(host, Some(*ip)));
+            if us {
+                // We are this MX: hosts of lower preference are backups of
+                // ours, never to be tried (RFC 5321 5.1).
+                tracing::warn!(%domain, %host, "MX host is this relay: mail would loop");
+                let why = format!(
+                    "550 5.4.6 mail for {domain} loops back to myself (MX {host} is this relay)"
+                );
+                return match last {
+                    Some(earlier) => all(recipients, Status::Deferred, &earlier),
+                    None => all(recipients, Status::Failed, &why),
+                };
+            }
+            if ips.value.is_empty() {
                 continue;
             }
             any_address = true;
-            match self.try_host(msg, recipients, host, &ips).await {
+            let plan = match self.plan(level, host, mx_secure && ips.secure).await {
+                Ok(plan) => plan,
+                Err(why) => {
+                    last = Some(why);
+                    continue;
+                }
+            };
+            match self
+                .try_host(msg, recipients, host, &domain, &ips.value, &plan)
+                .await
+            {
                 Ok(results) => return results,
                 Err(e) => last = Some(e),
             }
         }
         if !any_address {
             return all(
+                recipients,
                 Status::Failed,
                 &format!("550 5.4.4 no address for any mail exchanger of {domain}"),
             );
         }
         all(
+            recipients,
             Status::Deferred,
-            &last.unwrap_or_else(|| format!("no mail exchanger of {domain} answered")),
+            &last.unwrap_or_else(|| format!("451 4.4.1 no mail exchanger of {domain} answered")),
         )
+    }
+
+    /// A domain literal (RFC 5321 4.1.3) names the host directly: no DNS,
+    /// so no DANE; `may` unless the policy asks for less.
+    async fn deliver_to_literal(
+        &self,
+        msg: &Outgoing,
+        recipients: &[String],
+        domain: &str,
+        literal: &str,
+    ) -> Vec<RcptResult> {
+        let ip = match literal.get(..5) {
+            Some(tag) if tag.eq_ignore_ascii_case("IPv6:") => literal.get(5..).unwrap_or_default(),
+            _ => literal,
+        };
+        let Ok(ip) = ip.parse::<IpAddr>() else {
+            return all(recipients, Status::Failed, "550 5.1.2 bad address literal");
+        };
+        if self.mx.is_self(domain, Some(ip)) {
+            let why = format!("550 5.4.6 mail for {domain} loops back to myself");
+            return all(recipients, Status::Failed, &why);
+        }
+        let plan = match self.mx.policy.level_for(domain) {
+            TlsLevel::None => Plan::Plain,
+            TlsLevel::Encrypt => Plan::Encrypt,
+            TlsLevel::Verify => Plan::Verify,
+            TlsLevel::DaneOnly => {
+                let why = format!(
+                    "451 4.7.5 TLS policy dane-only for {domain}: an address literal has no TLSA records"
+                );
+                return all(recipients, Status::Deferred, &why);
+            }
+            TlsLevel::May | TlsLevel::Dane => Plan::Opportunistic,
+        };
+        self.try_host(msg, recipients, domain, domain, &[ip], &plan)
+            .await
+            .unwrap_or_else(|e| all(recipients, Status::Deferred, &e))
+    }
+
+    /// The plan for `host` under `level`. `Err`: this host can't be used
+    /// now (its TLSA lookup failed, or `dane-only` found no DANE).
+    /// `secure`: the MX and address answers were DNSSEC-validated, so the
+    /// host's TLSA records can be trusted (RFC 7672 2.2).
+    async fn plan(&self, level: TlsLevel, host: &str, secure: bool) -> Result<Plan, String> {
+        let fallback = match level {
+            TlsLevel::None => return Ok(Plan::Plain),
+            TlsLevel::May => return Ok(Plan::Opportunistic),
+            TlsLevel::Encrypt => return Ok(Plan::Encrypt),
+            TlsLevel::Verify => return Ok(Plan::Verify),
+            TlsLevel::Dane => Plan::Opportunistic,
+            TlsLevel::DaneOnly => {
+                if !secure {
+                    return Err(format!(
+                        "451 4.7.5 TLS policy dane-only: the DNS answers for MX {host} are not DNSSEC-validated"
+                    ));
+                }
+                Plan::Encrypt
+            }
+        };
+        if !secure {
+            return Ok(fallback);
+        }
+        let name = format!("_{}._tcp.{host}", self.mx.port);
+        match self.resolver.tlsa(&name).await {
+            // RFC 7672 2.2: a failed (or bogus) TLSA lookup makes the host
+            // unusable; plaintext would be what an attacker wants.
+            Err(e) => Err(format!(
+                "451 4.7.5 DANE: TLSA lookup for {host} failed: {e}"
+            )),
+            Ok(tlsa) if tlsa.secure && !tlsa.value.is_empty() => {
+                if tlsa.value.iter().any(Tlsa::usable) {
+                    Ok(Plan::Dane(tlsa.value))
+                } else {
+                    // RFC 7672 3.1: unusable records still mean "TLS here".
+                    Ok(Plan::Encrypt)
+                }
+            }
+            Ok(_) if level == TlsLevel::DaneOnly => Err(format!(
+                "451 4.7.5 TLS policy dane-only: no DNSSEC-validated TLSA records at {name}"
+            )),
+            Ok(_) => Ok(fallback),
+        }
     }
 
     /// One transaction with `host`: on a pooled session to it, or with the
@@ -230,7 +378,9 @@ impl MxTransport {
         msg: &Outgoing,
         recipients: &[String],
         host: &str,
+        domain: &str,
         ips: &[IpAddr],
+        plan: &Plan,
     ) -> Result<Vec<RcptResult>, String> {
         let content = msg.bytes_for(recipients);
         let mail = Mail {
@@ -238,18 +388,39 @@ impl MxTransport {
             recipients,
             content: &content,
         };
-        let key = format!("{host}:{}", self.port);
-        self.pool.send(&key, &mail, || self.open(host, ips)).await
+        let key = format!("{host}:{}/{}", self.mx.port, plan.tag());
+        self.pool
+            .send(&key, &mail, || self.open(host, domain, ips, plan))
+            .await
     }
 
-    async fn open(&self, host: &str, ips: &[IpAddr]) -> Result<Conn, String> {
-        let opportunistic = Security::Opportunistic(self.tls.clone());
+    async fn open(
+        &self,
+        host: &str,
+        domain: &str,
+        ips: &[IpAddr],
+        plan: &Plan,
+    ) -> Result<Conn, String> {
         let mut last = format!("{host}: no address");
         for ip in ips {
-            let addr = SocketAddr::new(*ip, self.port);
-            let mut session = smtp::open(addr, host, &opportunistic, None, &self.settings).await;
+            let addr = SocketAddr::new(*ip, self.mx.port);
+            let matched = dane::Matched::default();
+            let (security, auth) = match plan {
+                Plan::Plain => (Security::Plain, "none"),
+                Plan::Opportunistic => (Security::Opportunistic(self.unverified.clone()), "none"),
+                Plan::Encrypt => (Security::StartTls(self.unverified.clone()), "none"),
+                Plan::Verify => (Security::StartTls(self.verified.clone()), "verified"),
+                Plan::Dane(records) => {
+                    let names = vec![host.to_owned(), domain.to_owned()];
+                    let connector = dane::connector(records.clone(), names, matched.clone())
+                        .map_err(|e| format!("451 4.7.5 DANE: {e}"))?;
+                    (Security::StartTls(connector), "dane")
+                }
+            };
+            let mut session = smtp::open(addr, host, &security, None, &self.settings).await;
             if let Err(e) = &session
                 && e.tls
+                && matches!(plan, Plan::Opportunistic)
             {
                 // A broken TLS stack must not stop delivery that plaintext
                 // would complete: opportunistic means exactly that.
@@ -257,69 +428,21 @@ impl MxTransport {
                 session = smtp::open(addr, host, &Security::Plain, None, &self.settings).await;
             }
             match session {
-                Ok(session) => return Ok(Conn::new(session, host, addr, self.settings.timeout)),
-                Err(e) => last = format!("{host} [{addr}]: {e}"),
+                Ok(session) => {
+                    let auth = matched.get().copied().unwrap_or(auth);
+                    let hop = format!("{host} [{addr}] {}", session.security(auth));
+                    return Ok(Conn::new(session, &hop, self.settings.timeout));
+                }
+                Err(e) => {
+                    let reason = match plan {
+                        Plan::Plain | Plan::Opportunistic => String::new(),
+                        p => format!(" (TLS policy {} for {domain})", p.tag()),
+                    };
+                    last = format!("{host} [{addr}]: {e}{reason}");
+                }
             }
         }
         Err(last)
-    }
-}
-
-/// The system resolver (`/etc/resolv.conf`), through hickory.
-pub struct SystemResolver(TokioResolver);
-
-impl SystemResolver {
-    pub fn new() -> Result<Self, String> {
-        let resolver = TokioResolver::builder_tokio()
-            .map_err(|e| format!("DNS resolver: {e}"))?
-            .build()
-            .map_err(|e| format!("DNS resolver: {e}"))?;
-        Ok(Self(resolver))
-    }
-}
-
-/// Absolute, so the search list never turns `example.com` into
-/// `example.com.corp.local`.
-fn fqdn(name: &str) -> String {
-    if name.ends_with('.') {
-        name.to_owned()
-    } else {
-        format!("{name}.")
-    }
-}
-
-impl Resolver for SystemResolver {
-    fn mx<'a>(&'a self, domain: &'a str) -> BoxFuture<'a, Result<MxAnswer, DnsError>> {
-        Box::pin(async move {
-            match self.0.mx_lookup(fqdn(domain)).await {
-                Ok(lookup) => Ok(MxAnswer::Records(
-                    lookup
-                        .answers()
-                        .iter()
-                        .filter_map(|r| match &r.data {
-                            RData::MX(mx) => Some(MxRecord {
-                                preference: mx.preference,
-                                exchange: mx.exchange.to_ascii().trim_end_matches('.').to_owned(),
-                            }),
-                            _ => None,
-                        })
-                        .collect(),
-                )),
-                Err(e) if e.is_nx_domain() => Ok(MxAnswer::NoDomain),
-                Err(e) if e.is_no_records_found() => Ok(MxAnswer::NoRecords),
-                Err(e) => Err(DnsError(e.to_string())),
-            }
-        })
-    }
-
-    fn ips<'a>(&'a self, host: &'a str) -> BoxFuture<'a, Result<Vec<IpAddr>, DnsError>> {
-        Box::pin(async move {
-            match self.0.lookup_ip(fqdn(host)).await {
-                Ok(lookup) => Ok(lookup.iter().collect()),
-                Err(e) if e.is_nx_domain() || e.is_no_records_found() => Ok(Vec::new()),
-                Err(e) => Err(DnsError(e.to_string())),
-            }
-        })
     }
 }
 

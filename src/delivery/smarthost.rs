@@ -15,6 +15,8 @@ pub struct SmarthostTransport {
     /// The host alone: TLS server name and destination name.
     host: String,
     security: Security,
+    /// How the smarthost's certificate is checked, for the record.
+    auth: &'static str,
     credentials: Option<Credentials<String>>,
     settings: ClientSettings,
     /// Open sessions to the smarthost, reused message after message.
@@ -57,6 +59,10 @@ impl SmarthostTransport {
             addr,
             host: name,
             security,
+            auth: match trust {
+                TlsTrust::InsecureSkipVerify => "none",
+                TlsTrust::System | TlsTrust::CaFile(_) => "verified",
+            },
             credentials: credentials.map(|(u, p)| Credentials::new(u, p)),
             settings,
             pool: ConnectionPool::new(pool),
@@ -98,7 +104,8 @@ impl SmarthostTransport {
             .await
             {
                 Ok(session) => {
-                    return Ok(Conn::new(session, &self.host, addr, self.settings.timeout));
+                    let hop = format!("{} [{addr}] {}", self.host, session.security(self.auth));
+                    return Ok(Conn::new(session, &hop, self.settings.timeout));
                 }
                 Err(e) => last = e.message,
             }

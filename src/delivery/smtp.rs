@@ -211,6 +211,25 @@ impl Transaction {
 }
 
 impl Session {
+    /// How the session is secured, for the record: `plaintext`, or the TLS
+    /// version and cipher and how the peer was authenticated (`auth`:
+    /// `none`, `verified`, `dane-ee`, `dane-ta`).
+    pub fn security(&self, auth: &str) -> String {
+        match self {
+            Session::Plain(..) => "plaintext".into(),
+            Session::Tls(c, _) => {
+                let (_, conn) = c.stream.get_ref();
+                let version = conn
+                    .protocol_version()
+                    .map_or("TLS".into(), |v| format!("{v:?}"));
+                let cipher = conn
+                    .negotiated_cipher_suite()
+                    .map_or(String::new(), |s| format!(" {:?}", s.suite()));
+                format!("{version}{cipher} auth={auth}")
+            }
+        }
+    }
+
     /// One transaction; every recipient gets its own result. The session
     /// stays open: the caller keeps it for the next message or [`quit`]s.
     ///

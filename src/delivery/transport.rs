@@ -3,14 +3,18 @@
 //! transaction), and delivery of a message to a destination's recipients.
 
 use super::connection_pool::PoolSettings;
+use super::dns::DnsClient;
 use super::file::FileTransport;
-use super::mx::{MxTransport, SystemResolver};
+use super::mx::{MxSettings, MxTransport};
 use super::outgoing::Outgoing;
 use super::smarthost::SmarthostTransport;
 use super::smtp::ClientSettings;
 use super::{DeliveryError, RcptResult, Status, domain_of};
 use crate::address::{ForwardPath, ReversePath};
 use crate::config::{Config, Relay};
+
+/// Per try of one DNS server (each is tried twice at most).
+const DNS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub enum Transport {
     File(FileTransport),
@@ -46,10 +50,21 @@ impl Transport {
                 pool,
             )?),
             Relay::Mx => {
-                let resolver = SystemResolver::new().map_err(DeliveryError::Setup)?;
+                let resolver = if d.dns_servers.is_empty() {
+                    DnsClient::system(DNS_TIMEOUT)
+                } else {
+                    DnsClient::new(d.dns_servers.clone(), DNS_TIMEOUT)
+                }
+                .map_err(DeliveryError::Setup)?;
+                let mx = MxSettings {
+                    port: d.mx_port,
+                    policy: d.tls_policy.clone(),
+                    trust: d.mx_trust.clone(),
+                    hostname: config.hostname.clone(),
+                    listeners: config.listeners.iter().map(|l| l.addr).collect(),
+                };
                 Transport::Mx(
-                    MxTransport::new(std::sync::Arc::new(resolver), d.mx_port, settings)?
-                        .with_pool(pool),
+                    MxTransport::new(std::sync::Arc::new(resolver), mx, settings)?.with_pool(pool),
                 )
             }
         })
@@ -109,7 +124,31 @@ impl Transport {
             Transport::Mx(t) => t.deliver(msg, &safe).await,
         };
         results.extend(refused);
+        for r in &mut results {
+            looped_back(msg, r);
+        }
         results
+    }
+}
+
+/// A next hop that answers with our own queue id is this relay (or a
+/// copy of its ledger) replaying the message to itself: nothing was
+/// delivered, and trying again would only loop again.
+fn looped_back(msg: &Outgoing, r: &mut RcptResult) {
+    if r.status != Status::Delivered {
+        return;
+    }
+    let ours = r
+        .reply
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|word| word == msg.id);
+    if ours {
+        tracing::warn!(queue_id = %msg.id, hop = ?r.next_hop, reply = %r.reply, "next hop answered with our own queue id: mail loops back to this relay");
+        r.status = Status::Failed;
+        r.reply = format!(
+            "554 5.4.6 mail loops back to myself: the next hop answered with this message's own queue id ({})",
+            r.reply
+        );
     }
 }
 

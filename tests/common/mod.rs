@@ -3,8 +3,10 @@
 //! real TCP and TLS (trusting the dev certificate in `certs/`).
 #![allow(dead_code)]
 
+pub(crate) mod dns_rig;
 pub(crate) mod http;
 pub(crate) mod in_process;
+pub(crate) mod mx_host;
 pub(crate) mod pg;
 pub(crate) mod tiny;
 pub(crate) mod webhook;

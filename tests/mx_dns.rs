@@ -1,0 +1,395 @@
+//! `mode = "mx"` against a real DNS: Knot serving signed and unsigned test
+//! zones, Unbound validating them (`common/dns_rig.rs`), and MX hosts that
+//! are real SMTP servers on 127.0.x.y (`common/mx_host.rs`), some with TLS
+//! certificates from a test CA. Every MX rule of `docs/delivery.md`, DANE
+//! (DANE-EE, DANE-TA, bogus and insecure answers), the per-domain TLS
+//! policy, and mail that would loop back to the relay itself.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is the test failing
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use common::dns_rig::{DnsRig, Signing, Zone};
+use common::mx_host::{Behaviour, MxHost, TestCa};
+use common::{Client, Daemon, Options, Store, message, wait_until};
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+fn at(ip: &str, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.parse::<IpAddr>().expect("ip"), port)
+}
+
+/// A daemon in `mx` mode asking `rig`, MX hosts on `port`, its plaintext
+/// listener on 127.0.0.1:`port` (so an MX that is 127.0.0.1 is itself).
+fn relay(rig: &DnsRig, port: u16, extra: &str) -> Daemon {
+    Daemon::start(Options {
+        store: Store::Sqlite,
+        plain_addr: Some(format!("127.0.0.1:{port}")),
+        relay: Some(format!(
+            "[relay]\nmode = \"mx\"\nmx_port = {port}\ndns_servers = [\"{}\"]\n\
+             retry_schedule = [\"300ms\"]\npoll_interval = \"50ms\"\ntimeout = \"10s\"\nlease = \"1m\"\n{extra}",
+            rig.resolver
+        )),
+        ..Options::default()
+    })
+}
+
+async fn send(d: &Daemon, rcpt: &str) -> String {
+    let mut c = Client::login(d.plain, "bob").await;
+    let r = c
+        .submit("bob@example.test", &[rcpt], &message(None, rcpt))
+        .await;
+    assert_eq!(r.code, 250, "{r:?}");
+    c.quit().await;
+    r.queue_id().expect("queue id")
+}
+
+/// The message's state once its first attempt is recorded, and that
+/// attempt's reply and next hop.
+async fn first_attempt(d: &Daemon, id: &str) -> (String, String, String) {
+    wait_until(&format!("an attempt of {id}"), 30, || {
+        d.db()
+            .query_row(
+                "SELECT q.state, a.reply, COALESCE(a.next_hop, '') FROM queue q
+                 JOIN delivery_attempt a ON a.queue_id = q.id
+                 WHERE q.id = ?1 ORDER BY a.id LIMIT 1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .ok()
+    })
+    .await
+}
+
+/// Waits for the first attempt; asserts its outcome and that its reply
+/// (and hop) contain `needle`.
+async fn expect(d: &Daemon, id: &str, state: &str, needle: &str) -> (String, String) {
+    let (s, reply, hop) = first_attempt(d, id).await;
+    // A deferred message may be mid-retry ("delivering"): never delivered.
+    let s = if s == "delivering" {
+        "deferred".into()
+    } else {
+        s
+    };
+    assert_eq!(s, state, "{id}: {reply} via {hop}\n{}", d.log());
+    assert!(
+        reply.contains(needle) || hop.contains(needle),
+        "{id}: {needle:?} not in {reply:?} via {hop:?}"
+    );
+    (reply, hop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mx_rule_through_a_real_resolver() {
+    let dir = tempfile::tempdir().unwrap();
+    let rig = DnsRig::start(
+        dir.path(),
+        &[
+            Zone::new(
+                "rules.test",
+                Signing::Insecure,
+                &[
+                    "pref MX 20 b.pref",
+                    "pref MX 10 a.pref",
+                    "a.pref A 127.0.1.1",
+                    "b.pref A 127.0.1.2",
+                    "eq MX 10 e1.eq",
+                    "eq MX 10 e2.eq",
+                    "e1.eq A 127.0.1.11",
+                    "e2.eq A 127.0.1.12",
+                    "implicit A 127.0.1.3",
+                    "nullmx MX 0 .",
+                    "alias CNAME pref",
+                    "viacname MX 10 mxalias.viacname",
+                    "mxalias.viacname CNAME a.pref",
+                    "loop1 CNAME loop2",
+                    "loop2 CNAME loop1",
+                    "dual MX 10 host.dual",
+                    "host.dual A 127.0.1.9",
+                    "host.dual AAAA ::1",
+                    "busy MX 10 m421.busy",
+                    "busy MX 20 ok.busy",
+                    "m421.busy A 127.0.1.4",
+                    "ok.busy A 127.0.1.5",
+                    "refused MX 10 dead.refused",
+                    "refused MX 20 ok.refused",
+                    "dead.refused A 127.0.1.6",
+                    "ok.refused A 127.0.1.5",
+                    "noaddr MX 10 ghost.noaddr",
+                    "self MX 10 relay.self",
+                    "relay.self A 127.0.0.1",
+                    "backup MX 10 dead.backup",
+                    "backup MX 20 relay.backup",
+                    "dead.backup A 127.0.1.6",
+                    "relay.backup A 127.0.0.1",
+                ],
+            ),
+            Zone::new(
+                "broken.test",
+                Signing::Bogus,
+                &["@ MX 10 mx", "mx A 127.0.1.1"],
+            ),
+        ],
+    );
+    let port = free_port();
+    let a = MxHost::start(at("127.0.1.1", port), Behaviour::plain());
+    let b = MxHost::start(at("127.0.1.2", port), Behaviour::plain());
+    let e1 = MxHost::start(at("127.0.1.11", port), Behaviour::plain());
+    let e2 = MxHost::start(at("127.0.1.12", port), Behaviour::plain());
+    let implicit = MxHost::start(at("127.0.1.3", port), Behaviour::plain());
+    let v6 = MxHost::start(at("::1", port), Behaviour::plain());
+    let m421 = MxHost::start(
+        at("127.0.1.4", port),
+        Behaviour::greeting("421 4.3.2 too busy"),
+    );
+    let ok = MxHost::start(at("127.0.1.5", port), Behaviour::plain());
+    let d = relay(&rig, port, "");
+
+    // Preference order: the lowest first, the backup untouched.
+    let id = send(&d, "u@pref.rules.test").await;
+    expect(&d, &id, "delivered", "a.pref.rules.test [127.0.1.1").await;
+    assert_eq!((a.received().len(), b.received().len()), (1, 0));
+
+    // A CNAME in front of the domain, and an MX name that is a CNAME.
+    for rcpt in ["u@alias.rules.test", "u@viacname.rules.test"] {
+        let id = send(&d, rcpt).await;
+        expect(&d, &id, "delivered", "[127.0.1.1").await;
+    }
+    assert_eq!(a.received().len(), 3);
+
+    // Implicit MX: no MX records, the domain's own address.
+    let id = send(&d, "u@implicit.rules.test").await;
+    expect(&d, &id, "delivered", "[127.0.1.3").await;
+    assert_eq!(implicit.received().len(), 1);
+
+    // A and AAAA: the IPv4 address refuses, ::1 takes it.
+    let id = send(&d, "u@dual.rules.test").await;
+    expect(&d, &id, "delivered", "[[::1]").await;
+    assert_eq!(v6.received().len(), 1);
+
+    // A 421 greeting, and a refused connection: the next MX, same attempt.
+    for rcpt in ["u@busy.rules.test", "u@refused.rules.test"] {
+        let id = send(&d, rcpt).await;
+        expect(&d, &id, "delivered", "[127.0.1.5").await;
+        let attempts: i64 = d.count(&format!("SELECT attempts FROM queue WHERE id = '{id}'"));
+        assert_eq!(attempts, 1, "{rcpt}: moved on within the first attempt");
+    }
+    assert_eq!(ok.received().len(), 2);
+    assert!(m421.connections() >= 1 && m421.received().is_empty());
+
+    // Permanent: null MX, no such domain, no address for any MX.
+    let id = send(&d, "u@nullmx.rules.test").await;
+    expect(&d, &id, "failed", "556 5.1.10").await;
+    let id = send(&d, "u@nosuch.rules.test").await;
+    expect(&d, &id, "failed", "550 5.1.2").await;
+    let id = send(&d, "u@noaddr.rules.test").await;
+    expect(&d, &id, "failed", "550 5.4.4").await;
+
+    // Temporary: a bogus zone (SERVFAIL from the validator), a CNAME loop.
+    let id = send(&d, "u@broken.test").await;
+    expect(&d, &id, "deferred", "451 4.4.3").await;
+    let id = send(&d, "u@loop1.rules.test").await;
+    expect(&d, &id, "deferred", "451 4.4.3").await;
+
+    // The relay as its own MX: bounced with 5.4.6, never "delivered";
+    // as a backup MX behind a dead primary: deferred, never sent to.
+    let id = send(&d, "u@self.rules.test").await;
+    expect(&d, &id, "failed", "5.4.6").await;
+    let id = send(&d, "u@backup.rules.test").await;
+    expect(&d, &id, "deferred", "dead.backup.rules.test").await;
+    for domain in ["self", "backup"] {
+        let sql =
+            format!("SELECT COUNT(*) FROM queue WHERE recipients LIKE '%@{domain}.rules.test%'");
+        assert_eq!(d.count(&sql), 1, "the relay queued a copy to itself");
+    }
+
+    // Equal preferences: both hosts get mail, over 16 messages.
+    for i in 0..16 {
+        let id = send(&d, &format!("u{i}@eq.rules.test")).await;
+        expect(&d, &id, "delivered", ".eq.rules.test").await;
+    }
+    let (n1, n2) = (e1.received().len(), e2.received().len());
+    assert_eq!(n1 + n2, 16);
+    assert!(
+        n1 > 0 && n2 > 0,
+        "equal preferences were not shuffled: {n1} / {n2}"
+    );
+    drop(rig);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dane_and_tls_policy_cannot_be_downgraded() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let ca = TestCa::new("smtp-once rig CA");
+    let other_ca = TestCa::new("somebody else's CA");
+    let ee = other_ca.issue(&["whatever.example"]); // DANE-EE ignores names
+    let ta = ca.issue(&["mx-ta.secure.test"]);
+    let ta_wrong_name = ca.issue(&["elsewhere.example"]);
+    let impostor = other_ca.issue(&["mx-wrong.secure.test"]);
+    let verified = ca.issue(&["mx-verify.open.test"]);
+    let verified_wrong = ca.issue(&["not-this-one.example"]);
+    let tlsa = |host: &str, rdata: &str| format!("_{port}._tcp.{host} TLSA {rdata}");
+    let rig = DnsRig::start(
+        dir.path(),
+        &[
+            Zone::new(
+                "secure.test",
+                Signing::Secure,
+                &[
+                    "ee MX 10 mx-ee",
+                    "mx-ee A 127.0.2.1",
+                    &tlsa("mx-ee", &ee.tlsa_ee_spki_sha256()),
+                    "ee512 MX 10 mx-ee512",
+                    "mx-ee512 A 127.0.2.1",
+                    &tlsa("mx-ee512", &ee.tlsa_ee_cert_sha512()),
+                    "ta MX 10 mx-ta",
+                    "mx-ta A 127.0.2.2",
+                    &tlsa("mx-ta", &ca.tlsa_ta_cert_sha256()),
+                    "strip MX 10 mx-strip",
+                    "mx-strip A 127.0.2.3",
+                    &tlsa("mx-strip", &ee.tlsa_ee_spki_sha256()),
+                    "wrong MX 10 mx-wrong",
+                    "mx-wrong A 127.0.2.4",
+                    &tlsa("mx-wrong", &ee.tlsa_ee_spki_sha256()),
+                    "taname MX 10 mx-taname",
+                    "mx-taname A 127.0.2.5",
+                    &tlsa("mx-taname", &ca.tlsa_ta_cert_sha256()),
+                    "bogus MX 10 mx-bogus",
+                    "mx-bogus A 127.0.2.6",
+                    "notlsa MX 10 mx-notlsa",
+                    "mx-notlsa A 127.0.2.3",
+                ],
+            ),
+            // Only the TLSA record is bogus: its own zone, a wrong anchor.
+            Zone::new(
+                &format!("_{port}._tcp.mx-bogus.secure.test"),
+                Signing::Bogus,
+                &[&format!("@ TLSA {}", ee.tlsa_ee_spki_sha256())],
+            ),
+            Zone::new(
+                "open.test",
+                Signing::Insecure,
+                &[
+                    // TLSA in an unsigned zone proves nothing: ignored.
+                    "insecure MX 10 mx-insecure",
+                    "mx-insecure A 127.0.2.3",
+                    &tlsa("mx-insecure", &ee.tlsa_ee_spki_sha256()),
+                    "verify MX 10 mx-verify",
+                    "mx-verify A 127.0.2.7",
+                    "verifybad MX 10 mx-verifybad",
+                    "mx-verifybad A 127.0.2.8",
+                    "encrypt MX 10 mx-encrypt",
+                    "mx-encrypt A 127.0.2.3",
+                    "daneonly MX 10 mx-daneonly",
+                    "mx-daneonly A 127.0.2.1",
+                    "none MX 10 mx-none",
+                    "mx-none A 127.0.2.1",
+                ],
+            ),
+        ],
+    );
+    let ee_host = MxHost::start(at("127.0.2.1", port), Behaviour::tls(&ee));
+    let ta_host = MxHost::start(at("127.0.2.2", port), Behaviour::tls(&ta));
+    // Offers no STARTTLS at all: an attacker stripped it from EHLO.
+    let stripped = MxHost::start(at("127.0.2.3", port), Behaviour::plain());
+    let wrong = MxHost::start(at("127.0.2.4", port), Behaviour::tls(&impostor));
+    let taname = MxHost::start(at("127.0.2.5", port), Behaviour::tls(&ta_wrong_name));
+    let bogus = MxHost::start(at("127.0.2.6", port), Behaviour::tls(&ee));
+    let verify = MxHost::start(at("127.0.2.7", port), Behaviour::tls(&verified));
+    let verifybad = MxHost::start(at("127.0.2.8", port), Behaviour::tls(&verified_wrong));
+    let ca_file = ca.write(dir.path());
+    let d = relay(
+        &rig,
+        port,
+        &format!(
+            "mx_ca_file = \"{}\"\ntls_policy = {{ \"verify.open.test\" = \"verify\", \
+             \"verifybad.open.test\" = \"verify\", \"encrypt.open.test\" = \"encrypt\", \
+             \"daneonly.open.test\" = \"dane-only\", \"none.open.test\" = \"none\" }}\n",
+            ca_file.display()
+        ),
+    );
+
+    // DANE-EE by key (SHA-256) and by certificate (SHA-512); DANE-TA.
+    let id = send(&d, "u@ee.secure.test").await;
+    expect(&d, &id, "delivered", "auth=dane-ee").await;
+    let id = send(&d, "u@ee512.secure.test").await;
+    expect(&d, &id, "delivered", "auth=dane-ee").await;
+    assert!(ee_host.received().iter().all(|m| m.tls) && ee_host.received().len() == 2);
+    let id = send(&d, "u@ta.secure.test").await;
+    let (_, hop) = expect(&d, &id, "delivered", "auth=dane-ta").await;
+    assert!(hop.contains("TLSv1_3") || hop.contains("TLSv1_2"), "{hop}");
+    assert!(ta_host.received().iter().all(|m| m.tls) && ta_host.received().len() == 1);
+
+    // The attacks: STARTTLS stripped, an impostor's certificate, a CA
+    // certificate for another name, a bogus TLSA answer. Deferred with the
+    // reason, and not one byte of any message reached those hosts.
+    let id = send(&d, "u@strip.secure.test").await;
+    expect(&d, &id, "deferred", "STARTTLS required").await;
+    let id = send(&d, "u@wrong.secure.test").await;
+    expect(&d, &id, "deferred", "TLS policy dane").await;
+    let id = send(&d, "u@taname.secure.test").await;
+    expect(&d, &id, "deferred", "TLS policy dane").await;
+    let id = send(&d, "u@bogus.secure.test").await;
+    expect(
+        &d,
+        &id,
+        "deferred",
+        "TLSA lookup for mx-bogus.secure.test failed",
+    )
+    .await;
+
+    // Signed, but no TLSA for the host: opportunistic (plaintext here).
+    let id = send(&d, "u@notlsa.secure.test").await;
+    expect(&d, &id, "delivered", "plaintext").await;
+    // Unsigned zone: its TLSA record is ignored, delivered in plaintext.
+    let id = send(&d, "u@insecure.open.test").await;
+    expect(&d, &id, "delivered", "plaintext").await;
+
+    // Per-domain policy: verify, encrypt, dane-only, none.
+    let id = send(&d, "u@verify.open.test").await;
+    expect(&d, &id, "delivered", "auth=verified").await;
+    assert_eq!(verify.received().len(), 1);
+    let id = send(&d, "u@verifybad.open.test").await;
+    expect(&d, &id, "deferred", "TLS policy verify").await;
+    let id = send(&d, "u@encrypt.open.test").await;
+    expect(&d, &id, "deferred", "STARTTLS required").await;
+    let id = send(&d, "u@daneonly.open.test").await;
+    expect(&d, &id, "deferred", "dane-only").await;
+    let id = send(&d, "u@none.open.test").await;
+    expect(&d, &id, "delivered", "plaintext").await;
+
+    // Let the deferred ones retry a few times; still nothing arrives.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (name, host) in [
+        ("wrong", &wrong),
+        ("taname", &taname),
+        ("bogus", &bogus),
+        ("verifybad", &verifybad),
+    ] {
+        assert!(host.received().is_empty(), "{name} got mail over bad TLS");
+    }
+    // The stripped host got only what no policy protected: notlsa,
+    // insecure; never strip's or encrypt's.
+    let got: Vec<String> = stripped
+        .received()
+        .iter()
+        .flat_map(|m| m.rcpts.clone())
+        .collect();
+    got.iter()
+        .for_each(|r| assert!(!r.contains("strip.") && !r.contains("encrypt."), "{got:?}"));
+    assert_eq!(got.len(), 2, "{got:?}");
+    // mx-ee (none.open.test under `none`) took it in plaintext.
+    assert!(
+        ee_host
+            .received()
+            .iter()
+            .any(|m| !m.tls && m.rcpts == ["u@none.open.test"])
+    );
+    drop(rig);
+}
