@@ -733,6 +733,10 @@ impl Resolver for FakeDns {
     fn tlsa<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Result<Secured<Vec<Tlsa>>, DnsError>> {
         Box::pin(async move { Ok(Secured::insecure(Vec::new())) })
     }
+
+    fn txt<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Result<Secured<Vec<String>>, DnsError>> {
+        Box::pin(async move { Ok(Secured::insecure(Vec::new())) })
+    }
 }
 
 fn records(list: &[(u16, &str)]) -> Result<MxAnswer, DnsError> {

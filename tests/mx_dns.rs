@@ -32,7 +32,7 @@ fn relay(rig: &DnsRig, port: u16, extra: &str) -> Daemon {
         plain_addr: Some(format!("127.0.0.1:{port}")),
         relay: Some(format!(
             "[relay]\nmode = \"mx\"\nmx_port = {port}\ndns_servers = [\"{}\"]\n\
-             retry_schedule = [\"300ms\"]\npoll_interval = \"50ms\"\ntimeout = \"10s\"\nlease = \"1m\"\n{extra}",
+             retry_schedule = [\"300ms\"]\npoll_interval = \"50ms\"\ntimeout = \"4s\"\nlease = \"1m\"\n{extra}",
             rig.resolver
         )),
         ..Options::default()
@@ -391,5 +391,221 @@ async fn dane_and_tls_policy_cannot_be_downgraded() {
             .iter()
             .any(|m| !m.tls && m.rcpts == ["u@none.open.test"])
     );
+    drop(rig);
+}
+
+/// A message that has made more hops than `limits.max_hops` (50, as
+/// Postfix's `hopcount_limit`) is looping between relays: 554 5.4.6,
+/// nothing queued; 50 hops still pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_with_51_received_fields_is_refused_as_a_loop() {
+    let d = Daemon::start(Options {
+        store: Store::Sqlite,
+        ..Options::default()
+    });
+    let with_hops = |n: usize, key: &str| {
+        let mut m = String::new();
+        for i in 0..n {
+            m.push_str(&format!(
+                "Received: from hop{i}.example by hop{}.example; Mon, 7 Dec 2026 10:00:00 +0000\r\n",
+                i + 1
+            ));
+        }
+        let mut m = m.into_bytes();
+        m.extend_from_slice(&message(Some(key), "looping"));
+        m
+    };
+    let mut c = Client::login(d.plain, "bob").await;
+    let r = c
+        .submit(
+            "bob@example.test",
+            &["r@example.net"],
+            &with_hops(51, "hops-51"),
+        )
+        .await;
+    assert_eq!(r.code, 554, "{r:?}");
+    assert!(r.has("5.4.6") && r.has("Too many hops"), "{r:?}");
+    let r = c
+        .submit(
+            "bob@example.test",
+            &["r@example.net"],
+            &with_hops(50, "hops-50"),
+        )
+        .await;
+    assert_eq!(r.code, 250, "{r:?}");
+    c.quit().await;
+    assert_eq!(d.queue_count(), 1);
+    assert!(d.log().contains("refused: too many hops"), "{}", d.log());
+}
+
+/// MTA-STS (RFC 8461) through the rig: policies served over HTTPS by
+/// `common/policy_server.rs` with the test CA's certificates, for an
+/// unsigned zone (so DANE does not apply). `enforce` allows only the
+/// policy's MX hosts over verified TLS and is kept across a restart;
+/// `testing` and `none` deliver; a policy server that redirects, streams
+/// without end, stalls or sends HTML gives no policy, within the fetch's
+/// deadline, and the mail goes out as without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mta_sts_enforce_testing_none_and_hostile_policy_servers() {
+    use common::policy_server::{PolicyServer, Serve};
+    let dir = tempfile::tempdir().unwrap();
+    let (port, https) = (free_port(), free_port());
+    let ca = TestCa::new("smtp-once rig CA");
+    let other_ca = TestCa::new("somebody else's CA");
+    let policy = |mode: &str, mx: &str| {
+        format!("version: STSv1\r\nmode: {mode}\r\nmx: {mx}\r\nmax_age: 86400\r\n")
+    };
+    // (domain, policy server behaviour, MX host ip, MX behaviour)
+    let plain = Behaviour::plain();
+    let good = |host: &str| Behaviour::tls(&ca.issue(&[host]));
+    let cases: Vec<(&str, Serve, &str, Behaviour)> = vec![
+        (
+            "enf",
+            Serve::Policy(policy("enforce", "mx.enf.sts.test")),
+            "127.0.3.10",
+            good("mx.enf.sts.test"),
+        ),
+        (
+            "wild",
+            Serve::Policy(policy("enforce", "*.wild.sts.test")),
+            "127.0.3.11",
+            good("mx.wild.sts.test"),
+        ),
+        (
+            "strip",
+            Serve::Policy(policy("enforce", "mx.strip.sts.test")),
+            "127.0.3.12",
+            plain.clone(),
+        ),
+        (
+            "badcert",
+            Serve::Policy(policy("enforce", "mx.badcert.sts.test")),
+            "127.0.3.13",
+            Behaviour::tls(&other_ca.issue(&["mx.badcert.sts.test"])),
+        ),
+        (
+            "mismatch",
+            Serve::Policy(policy("enforce", "good.example")),
+            "127.0.3.14",
+            good("mx.mismatch.sts.test"),
+        ),
+        (
+            "testing",
+            Serve::Policy(policy("testing", "mx.testing.sts.test")),
+            "127.0.3.15",
+            plain.clone(),
+        ),
+        (
+            "none",
+            Serve::Policy("version: STSv1\r\nmode: none\r\nmax_age: 60\r\n".into()),
+            "127.0.3.16",
+            plain.clone(),
+        ),
+        ("redirect", Serve::Redirect, "127.0.3.17", plain.clone()),
+        ("endless", Serve::Endless, "127.0.3.18", plain.clone()),
+        ("stall", Serve::Stall, "127.0.3.19", plain.clone()),
+        (
+            "html",
+            Serve::WrongType(policy("enforce", "mx.html.sts.test")),
+            "127.0.3.20",
+            plain.clone(),
+        ),
+    ];
+    let mut records = Vec::new();
+    for (i, (name, _, mx_ip, _)) in cases.iter().enumerate() {
+        records.push(format!("_mta-sts.{name} TXT \"v=STSv1; id=20261207\""));
+        records.push(format!("mta-sts.{name} A 127.0.4.{}", i + 1));
+        records.push(format!("{name} MX 10 mx.{name}"));
+        records.push(format!("mx.{name} A {mx_ip}"));
+    }
+    let refs: Vec<&str> = records.iter().map(String::as_str).collect();
+    let rig = DnsRig::start(
+        dir.path(),
+        &[Zone::new("sts.test", Signing::Insecure, &refs)],
+    );
+    let mut servers = Vec::new();
+    let mut hosts = Vec::new();
+    for (i, (name, serve, mx_ip, mx)) in cases.iter().enumerate() {
+        let cert = ca.issue(&[&format!("mta-sts.{name}.sts.test")]);
+        let ip = format!("127.0.4.{}", i + 1);
+        servers.push(PolicyServer::start(at(&ip, https), &cert, serve.clone()));
+        hosts.push(MxHost::start(at(mx_ip, port), mx.clone()));
+    }
+    let host = |name: &str| &hosts[cases.iter().position(|c| c.0 == name).unwrap()];
+    let server = |name: &str| &servers[cases.iter().position(|c| c.0 == name).unwrap()];
+    let ca_file = ca.write(dir.path());
+    let mut d = relay(
+        &rig,
+        port,
+        &format!(
+            "mx_ca_file = \"{}\"\nmta_sts_port = {https}\n",
+            ca_file.display()
+        ),
+    );
+
+    let id = send(&d, "u@enf.sts.test").await;
+    expect(&d, &id, "delivered", "auth=mta-sts").await;
+    let id = send(&d, "u@wild.sts.test").await;
+    expect(&d, &id, "delivered", "auth=mta-sts").await;
+    let id = send(&d, "u@strip.sts.test").await;
+    expect(
+        &d,
+        &id,
+        "deferred",
+        "MTA-STS policy of strip.sts.test: enforce",
+    )
+    .await;
+    let id = send(&d, "u@badcert.sts.test").await;
+    expect(
+        &d,
+        &id,
+        "deferred",
+        "MTA-STS policy of badcert.sts.test: enforce",
+    )
+    .await;
+    let id = send(&d, "u@mismatch.sts.test").await;
+    expect(
+        &d,
+        &id,
+        "deferred",
+        "no MX host (mx.mismatch.sts.test) matches mx: good.example",
+    )
+    .await;
+    for name in ["testing", "none", "redirect", "endless", "stall", "html"] {
+        let id = send(&d, &format!("u@{name}.sts.test")).await;
+        expect(&d, &id, "delivered", "plaintext").await;
+        assert_eq!(host(name).received().len(), 1, "{name}");
+    }
+    let log = d.log();
+    for why in [
+        "redirects are not followed",
+        "at most 65536 bytes",
+        "no policy within",
+        "Content-Type is not text/plain",
+    ] {
+        assert!(log.contains(why), "{why:?} not logged:\n{log}");
+    }
+    for name in ["strip", "badcert", "mismatch"] {
+        assert!(
+            host(name).received().is_empty(),
+            "{name} got mail against its policy"
+        );
+    }
+    assert!(host("enf").received().iter().all(|m| m.tls));
+
+    // The same TXT id: no new fetch; and after a restart the policy comes
+    // from the saved cache, still without one.
+    assert_eq!(server("enf").requests(), 1);
+    let id = send(&d, "u2@enf.sts.test").await;
+    expect(&d, &id, "delivered", "auth=mta-sts").await;
+    d.restart();
+    let id = send(&d, "u3@enf.sts.test").await;
+    expect(&d, &id, "delivered", "auth=mta-sts").await;
+    assert_eq!(
+        server("enf").requests(),
+        1,
+        "the cached policy was fetched again"
+    );
+    assert_eq!(host("enf").received().len(), 3);
     drop(rig);
 }

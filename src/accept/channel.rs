@@ -58,6 +58,8 @@ pub trait ChannelWording: Send + Sync {
     fn over_limits(&self, error: &MimeLimitError) -> Vec<u8>;
     /// The content breaks the one content rule (bare CR or LF, NUL).
     fn content_refused(&self, fault: &ContentFault) -> Vec<u8>;
+    /// More `Received:` fields than `limit`: a mail loop.
+    fn too_many_hops(&self, count: usize, limit: usize) -> Vec<u8>;
     /// The message could not be analysed (an internal failure).
     fn analysis_failed(&self) -> Vec<u8>;
     /// The DKIM signature could not be made; nothing was queued.

@@ -16,6 +16,9 @@ use super::from_header::{self, SenderRefusal};
 
 /// What decides the path through the acceptance pipeline.
 pub(super) enum Verdict {
+    /// More `Received:` fields than `limits.max_hops`: the message is
+    /// looping between relays (RFC 5321 6.3).
+    TooManyHops { count: usize, limit: usize },
     /// The key header is invalid (`E01001`).
     BadKey(IdempotencyKeyError),
     /// The MIME structure is over the limits; the message was not parsed.
@@ -37,6 +40,8 @@ pub(super) struct IdentityRules {
     pub volatile: VolatileHeaders,
     pub transit: TransitHeaders,
     pub key_headers: KeyHeaders,
+    /// More `Received:` fields than this: a loop (`limits.max_hops`).
+    pub max_hops: usize,
 }
 
 pub(super) struct Facts {
@@ -52,8 +57,14 @@ impl Facts {
             volatile,
             transit,
             key_headers,
+            max_hops,
         } = rules;
+        let hops = crate::message::headers::received_count(&sub.content);
         let verdict = match key_of(sub, source, key_headers) {
+            _ if hops > *max_hops => Verdict::TooManyHops {
+                count: hops,
+                limit: *max_hops,
+            },
             Err(e) => Verdict::BadKey(e),
             Ok(key) => match (mime_limits::check(&sub.content, limits), key) {
                 (Err(error), key) => Verdict::OverLimits { error, key },

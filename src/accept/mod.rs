@@ -147,6 +147,7 @@ impl Acceptor {
                 volatile,
                 transit: TransitHeaders::default(),
                 key_headers: KeyHeaders::default(),
+                max_hops: limits.max_hops,
             }),
             pool,
             webhooks: Router::default(),
@@ -257,6 +258,11 @@ impl Acceptor {
             }
         };
         let (key, fingerprint) = match facts.verdict {
+            // Not stored under the key either: it depends on the bytes alone.
+            Verdict::TooManyHops { count, limit } => {
+                tracing::warn!(%workspace, %peer, count, limit, "refused: too many hops (mail loop?)");
+                return (channel.too_many_hops(count, limit), Outcome::Invalid);
+            }
             Verdict::BadKey(e) => {
                 tracing::info!(%workspace, %peer, error = %e, "rejected E01001");
                 return (channel.bad_key(&e), Outcome::Invalid);

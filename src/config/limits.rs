@@ -35,6 +35,8 @@ pub struct RawLimits {
     pub max_mime_depth: usize,
     /// MIME parts in one message.
     pub max_mime_parts: usize,
+    /// `Received:` header fields a message may arrive with (loops).
+    pub max_hops: usize,
 }
 
 impl Default for RawLimits {
@@ -53,6 +55,8 @@ impl Default for RawLimits {
             // Postfix `mime_nesting_limit`: 100.
             max_mime_depth: 100,
             max_mime_parts: 10_000,
+            // Postfix `hopcount_limit`: 50.
+            max_hops: 50,
         }
     }
 }
@@ -70,6 +74,7 @@ pub struct Limits {
     pub max_bytes_in_flight_per_account: usize,
     pub max_mime_depth: usize,
     pub max_mime_parts: usize,
+    pub max_hops: usize,
 }
 
 pub(super) fn check(l: &RawLimits, p: &mut Problems) -> Limits {
@@ -101,6 +106,7 @@ pub(super) fn check(l: &RawLimits, p: &mut Problems) -> Limits {
         ),
         ("limits.max_mime_depth", l.max_mime_depth as u64),
         ("limits.max_mime_parts", l.max_mime_parts as u64),
+        ("limits.max_hops", l.max_hops as u64),
     ] {
         if n == 0 {
             p.add(key, "must be greater than 0");
@@ -124,6 +130,7 @@ pub(super) fn check(l: &RawLimits, p: &mut Problems) -> Limits {
         max_bytes_in_flight_per_account: bytes(l.max_bytes_in_flight_per_account),
         max_mime_depth: l.max_mime_depth,
         max_mime_parts: l.max_mime_parts,
+        max_hops: l.max_hops,
     }
 }
 

@@ -79,6 +79,12 @@ pub struct RawRelay {
     /// `mx` mode: TLS level per recipient domain (Postfix's
     /// `smtp_tls_policy_maps`): none, may, encrypt, verify, dane, dane-only.
     pub tls_policy: std::collections::BTreeMap<String, String>,
+    /// `mx` mode: honour MTA-STS policies (RFC 8461) for domains at the
+    /// `dane` level.
+    pub mta_sts: bool,
+    /// The port MTA-STS policies are fetched from (443; another one only
+    /// for tests).
+    pub mta_sts_port: u16,
     /// TEST ONLY: sleep this long after the next hop answered DATA and
     /// before recording the outcome, so a test can kill the process there.
     pub delivery_test_pause_after_send: Option<String>,
@@ -125,6 +131,8 @@ impl Default for RawRelay {
             mx_ca_file: None,
             tls_default: "dane".into(),
             tls_policy: Default::default(),
+            mta_sts: true,
+            mta_sts_port: 443,
             delivery_test_pause_after_send: None,
         }
     }
@@ -169,6 +177,8 @@ pub struct Delivery {
     /// Roots for `verify` (a CA file, or the system's).
     pub mx_trust: TlsTrust,
     pub tls_policy: TlsPolicy,
+    pub mta_sts: bool,
+    pub mta_sts_port: u16,
     /// Certificate check for a smarthost reached over TLS.
     pub smarthost_trust: TlsTrust,
     /// TEST ONLY (`relay.delivery_test_pause_after_send`).
@@ -374,6 +384,8 @@ pub(super) fn check_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Del
         dns_servers,
         mx_trust,
         tls_policy,
+        mta_sts: r.mta_sts,
+        mta_sts_port: r.mta_sts_port,
         smarthost_trust,
         test_pause_after_send,
     }
@@ -465,6 +477,9 @@ fn check_counts(r: &RawRelay, p: &mut Problems) {
     }
     if r.mx_port == 0 {
         p.add("relay.mx_port", "must be a port number");
+    }
+    if r.mta_sts_port == 0 {
+        p.add("relay.mta_sts_port", "must be a port number");
     }
 }
 

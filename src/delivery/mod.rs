@@ -17,6 +17,7 @@ pub mod dane;
 pub mod dns;
 pub mod dsn;
 pub mod file;
+pub mod mta_sts;
 pub mod mx;
 pub mod outgoing;
 pub mod plan;

@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use super::connection_pool::{Conn, ConnectionPool, Mail, PoolSettings};
 use super::dane::{self, Tlsa};
+use super::mta_sts::fetch::Fetcher;
+use super::mta_sts::{Mode, MtaSts};
 use super::outgoing::Outgoing;
 pub use super::resolver::{DnsError, MxAnswer, MxRecord, Resolver, Secured};
 use super::smtp::{self, ClientSettings, Security};
@@ -91,6 +93,18 @@ pub struct MxSettings {
     pub hostname: String,
     /// The SMTP listeners' addresses: an MX address among them is this relay.
     pub listeners: Vec<SocketAddr>,
+    /// MTA-STS for domains at the `dane` level; `None`: off.
+    pub mta_sts: Option<StsSettings>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StsSettings {
+    /// Where policies are fetched (443; another one only for tests).
+    pub port: u16,
+    /// The fetch's whole deadline.
+    pub deadline: std::time::Duration,
+    /// The cache kept across restarts.
+    pub cache_file: Option<std::path::PathBuf>,
 }
 
 impl MxSettings {
@@ -105,6 +119,7 @@ impl MxSettings {
             trust: TlsTrust::System,
             hostname: String::new(),
             listeners: Vec::new(),
+            mta_sts: None,
         }
     }
 
@@ -135,6 +150,8 @@ enum Plan {
     Verify,
     /// STARTTLS or nothing; a certificate the TLSA records vouch for.
     Dane(Vec<Tlsa>),
+    /// An `enforce` MTA-STS policy: `Verify`, recorded as `mta-sts`.
+    Sts,
 }
 
 impl Plan {
@@ -146,6 +163,7 @@ impl Plan {
             Plan::Encrypt => "encrypt",
             Plan::Verify => "verify",
             Plan::Dane(_) => "dane",
+            Plan::Sts => "mta-sts",
         }
     }
 }
@@ -156,6 +174,7 @@ pub struct MxTransport {
     unverified: tokio_rustls::TlsConnector,
     verified: tokio_rustls::TlsConnector,
     settings: ClientSettings,
+    sts: Option<MtaSts>,
     /// Open sessions per MX host, reused across messages and domains.
     pool: ConnectionPool,
 }
@@ -175,12 +194,21 @@ impl MxTransport {
             .map_err(|e| DeliveryError::Setup(format!("relay TLS: {e}")))?;
         let verified = super::tls::connector(&mx.trust)
             .map_err(|e| DeliveryError::Setup(format!("relay TLS (mx_ca_file): {e}")))?;
+        let sts = mx.mta_sts.as_ref().map(|s| {
+            let fetcher = Fetcher {
+                tls: verified.clone(),
+                port: s.port,
+                deadline: s.deadline,
+            };
+            MtaSts::new(resolver.clone(), fetcher, s.cache_file.clone())
+        });
         Ok(Self {
             resolver,
             mx,
             unverified,
             verified,
             settings,
+            sts,
             pool: ConnectionPool::new(PoolSettings::default()),
         })
     }
@@ -231,6 +259,34 @@ impl MxTransport {
                 Route::Hosts { hosts, .. } => (hosts, answer.secure),
             },
         };
+        let sts = match (&self.sts, level) {
+            (Some(sts), TlsLevel::Dane) => sts.policy_for(&domain).await,
+            _ => None,
+        };
+        let enforce = sts.as_ref().is_some_and(|p| p.mode == Mode::Enforce);
+        let hosts = match &sts {
+            Some(p) if p.mode != Mode::None => {
+                let (allowed, refused): (Vec<String>, Vec<String>) =
+                    hosts.into_iter().partition(|h| p.allows(h));
+                if !refused.is_empty() {
+                    tracing::warn!(%domain, mode = ?p.mode, refused = ?refused, mx = %p.patterns(), "MX hosts not in the domain's MTA-STS policy");
+                }
+                if enforce && allowed.is_empty() {
+                    let why = format!(
+                        "451 4.7.5 MTA-STS policy of {domain} (enforce): no MX host ({}) matches mx: {}",
+                        refused.join(", "),
+                        p.patterns()
+                    );
+                    return all(recipients, Status::Deferred, &why);
+                }
+                if enforce {
+                    allowed
+                } else {
+                    allowed.into_iter().chain(refused).collect()
+                }
+            }
+            _ => hosts,
+        };
         let mut last = None;
         let mut any_address = false;
         for host in &hosts {
@@ -260,7 +316,10 @@ impl MxTransport {
                 continue;
             }
             any_address = true;
-            let plan = match self.plan(level, host, mx_secure && ips.secure).await {
+            let plan = match self
+                .plan(level, host, mx_secure && ips.secure, enforce)
+                .await
+            {
                 Ok(plan) => plan,
                 Err(why) => {
                     last = Some(why);
@@ -330,12 +389,21 @@ impl MxTransport {
     /// now (its TLSA lookup failed, or `dane-only` found no DANE).
     /// `secure`: the MX and address answers were DNSSEC-validated, so the
     /// host's TLSA records can be trusted (RFC 7672 2.2).
-    async fn plan(&self, level: TlsLevel, host: &str, secure: bool) -> Result<Plan, String> {
+    /// `sts`: the domain has an `enforce` MTA-STS policy, which applies
+    /// where DANE does not (DANE wins, RFC 8461 2).
+    async fn plan(
+        &self,
+        level: TlsLevel,
+        host: &str,
+        secure: bool,
+        sts: bool,
+    ) -> Result<Plan, String> {
         let fallback = match level {
             TlsLevel::None => return Ok(Plan::Plain),
             TlsLevel::May => return Ok(Plan::Opportunistic),
             TlsLevel::Encrypt => return Ok(Plan::Encrypt),
             TlsLevel::Verify => return Ok(Plan::Verify),
+            TlsLevel::Dane if sts => Plan::Sts,
             TlsLevel::Dane => Plan::Opportunistic,
             TlsLevel::DaneOnly => {
                 if !secure {
@@ -410,6 +478,7 @@ impl MxTransport {
                 Plan::Opportunistic => (Security::Opportunistic(self.unverified.clone()), "none"),
                 Plan::Encrypt => (Security::StartTls(self.unverified.clone()), "none"),
                 Plan::Verify => (Security::StartTls(self.verified.clone()), "verified"),
+                Plan::Sts => (Security::StartTls(self.verified.clone()), "mta-sts"),
                 Plan::Dane(records) => {
                     let names = vec![host.to_owned(), domain.to_owned()];
                     let connector = dane::connector(records.clone(), names, matched.clone())
@@ -436,6 +505,7 @@ impl MxTransport {
                 Err(e) => {
                     let reason = match plan {
                         Plan::Plain | Plan::Opportunistic => String::new(),
+                        Plan::Sts => format!(" (MTA-STS policy of {domain}: enforce)"),
                         p => format!(" (TLS policy {} for {domain})", p.tag()),
                     };
                     last = format!("{host} [{addr}]: {e}{reason}");

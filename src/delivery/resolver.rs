@@ -52,11 +52,16 @@ pub trait Resolver: Send + Sync + 'static {
     fn ips<'a>(&'a self, host: &'a str) -> BoxFuture<'a, Result<Secured<Vec<IpAddr>>, DnsError>>;
     /// TLSA records at `name` (`_25._tcp.<mx host>`); empty when none.
     fn tlsa<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Secured<Vec<Tlsa>>, DnsError>>;
+    /// TXT records at `name`, each one's strings joined; empty when none.
+    fn txt<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Secured<Vec<String>>, DnsError>>;
 }
 
 /// The most TLSA records of one name considered (a hostile zone could
 /// publish thousands, each tried against every certificate).
 const MAX_TLSA: usize = 16;
+/// The same for TXT records, and the longest one kept (bytes).
+const MAX_TXT: usize = 16;
+const MAX_TXT_LEN: usize = 4096;
 
 impl Resolver for DnsClient {
     fn mx<'a>(&'a self, domain: &'a str) -> BoxFuture<'a, Result<Secured<MxAnswer>, DnsError>> {
@@ -130,6 +135,30 @@ impl Resolver for DnsClient {
                     _ => None,
                 })
                 .take(MAX_TLSA)
+                .collect();
+            Ok(Secured {
+                value: records,
+                secure: a.secure,
+            })
+        })
+    }
+
+    fn txt<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Secured<Vec<String>>, DnsError>> {
+        Box::pin(async move {
+            let a = self.lookup(name, RecordType::TXT).await?;
+            let records = a
+                .records
+                .iter()
+                .filter_map(|r| match r {
+                    RData::TXT(t) => {
+                        let joined: Vec<u8> =
+                            t.txt_data.iter().flat_map(|s| s.iter().copied()).collect();
+                        (joined.len() <= MAX_TXT_LEN)
+                            .then(|| String::from_utf8_lossy(&joined).into_owned())
+                    }
+                    _ => None,
+                })
+                .take(MAX_TXT)
                 .collect();
             Ok(Secured {
                 value: records,

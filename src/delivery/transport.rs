@@ -5,7 +5,7 @@
 use super::connection_pool::PoolSettings;
 use super::dns::DnsClient;
 use super::file::FileTransport;
-use super::mx::{MxSettings, MxTransport};
+use super::mx::{MxSettings, MxTransport, StsSettings};
 use super::outgoing::Outgoing;
 use super::smarthost::SmarthostTransport;
 use super::smtp::ClientSettings;
@@ -62,6 +62,12 @@ impl Transport {
                     trust: d.mx_trust.clone(),
                     hostname: config.hostname.clone(),
                     listeners: config.listeners.iter().map(|l| l.addr).collect(),
+                    mta_sts: d.mta_sts.then(|| StsSettings {
+                        port: d.mta_sts_port,
+                        // RFC 8461 3.3 suggests a minute at most.
+                        deadline: d.timeout.min(std::time::Duration::from_secs(60)),
+                        cache_file: Some(config.data_dir.join("mta-sts-policies.json")),
+                    }),
                 };
                 Transport::Mx(
                     MxTransport::new(std::sync::Arc::new(resolver), mx, settings)?.with_pool(pool),

@@ -141,6 +141,16 @@ impl ChannelWording for Http {
         )
     }
 
+    fn too_many_hops(&self, count: usize, limit: usize) -> Vec<u8> {
+        error(
+            422,
+            "TooManyHops",
+            &format!(
+                "message refused: {count} Received: header fields, the limit is {limit} (mail loop?)"
+            ),
+        )
+    }
+
     fn content_refused(&self, fault: &ContentFault) -> Vec<u8> {
         error(422, "BadContent", &format!("message refused: {fault}"))
     }

@@ -31,6 +31,14 @@ pub fn top_level_headers(message: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])>
 
 /// Byte offset where the body starts (after the blank line), or
 /// `message.len()` if there is no blank line.
+/// How many `Received:` fields the top-level header has: the hops the
+/// message has made (RFC 5321 6.3 counts them to detect loops).
+pub fn received_count(message: &[u8]) -> usize {
+    top_level_headers(message)
+        .filter(|(name, _)| name.eq_ignore_ascii_case(b"Received"))
+        .count()
+}
+
 pub fn header_section_len(message: &[u8]) -> usize {
     let mut pos = 0;
     while let Some(line) = next_line(message, pos) {

@@ -75,6 +75,18 @@ impl ChannelWording for Smtp {
         .to_bytes()
     }
 
+    fn too_many_hops(&self, count: usize, limit: usize) -> Vec<u8> {
+        // Postfix: "554 5.4.6 Too many hops".
+        Reply::new(
+            554,
+            "5.4.6",
+            &format!(
+                "Too many hops: {count} Received: header fields, the limit is {limit} (mail loop?)"
+            ),
+        )
+        .to_bytes()
+    }
+
     fn content_refused(&self, fault: &ContentFault) -> Vec<u8> {
         // What the session answers at DATA or BDAT for the same bytes.
         Reply::new(554, "5.6.0", fault.smtp_text()).to_bytes()

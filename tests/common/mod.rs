@@ -8,6 +8,7 @@ pub(crate) mod http;
 pub(crate) mod in_process;
 pub(crate) mod mx_host;
 pub(crate) mod pg;
+pub(crate) mod policy_server;
 pub(crate) mod tiny;
 pub(crate) mod webhook;
 
