@@ -128,6 +128,45 @@ mod tests {
     }
 
     #[test]
+    fn tls_policy_and_dns_servers_are_checked_by_key() {
+        let c = load(
+            "mode = \"mx\"\ndns_servers = [\"127.0.0.1:5353\", \"::1\"]\n\
+             tls_policy = { \"Partner.Example.\" = \"verify\", \"legacy.example\" = \"none\" }\n",
+        )
+        .expect("valid");
+        let d = c.delivery;
+        assert_eq!(d.dns_servers.len(), 2);
+        assert_eq!(d.dns_servers[1].port(), 53);
+        assert_eq!(d.tls_policy.default, crate::config::TlsLevel::Dane);
+        assert_eq!(
+            d.tls_policy.level_for("partner.example"),
+            crate::config::TlsLevel::Verify
+        );
+        assert_eq!(
+            d.tls_policy.level_for("other.example"),
+            crate::config::TlsLevel::Dane
+        );
+        assert!(d.mta_sts && d.mta_sts_port == 443);
+        let err = load(
+            "mode = \"mx\"\ndns_servers = [\"dns.example\"]\ntls_default = \"strict\"\n\
+             tls_policy = { \"a b\" = \"dane\", \"x.example\" = \"maybe\" }\nmta_sts_port = 0\n\
+             mx_ca_file = \"/nonexistent.pem\"\n",
+        )
+        .expect_err("invalid");
+        let text = err.to_string();
+        for key in [
+            "relay.dns_servers[0]:",
+            "relay.tls_default:",
+            "relay.tls_policy.\"a b\":",
+            "relay.tls_policy.\"x.example\":",
+            "relay.mta_sts_port:",
+            "relay.mx_ca_file:",
+        ] {
+            assert!(text.contains(key), "{key} missing from {text}");
+        }
+    }
+
+    #[test]
     fn delivery_keys_are_checked() {
         let err = load(
             "mode = \"smarthost\"\nsmarthost = \"h:0\"\nusername = \"u\"\nretry_schedule = []\n\
