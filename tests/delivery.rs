@@ -762,6 +762,7 @@ fn outgoing(recipients: &[&str]) -> Outgoing {
         idempotency_key: None,
         trace: "Received: from test by relay.test; date\r\n".into(),
         body: message(None, "mx"),
+        options: Default::default(),
         key_headers: Default::default(),
     }
 }

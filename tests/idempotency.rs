@@ -583,6 +583,7 @@ async fn retention_window_ends_on_the_acceptors_clock() {
             reverse_path: FROM.into(),
             recipients: TO.iter().map(|r| r.to_string()).collect(),
             content: message(Some("retained"), body),
+            options: Default::default(),
         };
         let acceptor = &acceptor;
         async move {

@@ -609,3 +609,171 @@ async fn mta_sts_enforce_testing_none_and_hostile_policy_servers() {
     assert_eq!(host("enf").received().len(), 3);
     drop(rig);
 }
+
+/// A REQUIRETLS submission over STARTTLS: MAIL, RCPT, DATA by hand.
+async fn send_requiretls(d: &Daemon, rcpt: &str, body: &[u8]) -> String {
+    let mut c = Client::connect(d.starttls).await;
+    c.ehlo().await;
+    c.starttls().await;
+    let ehlo = c.ehlo().await;
+    assert!(ehlo.has("REQUIRETLS"), "offered over TLS: {ehlo:?}");
+    let r = c.auth_plain("bob", "bob-pw").await;
+    assert_eq!(r.code, 235, "{r:?}");
+    let r = c.cmd("MAIL FROM:<bob@example.test> REQUIRETLS").await;
+    assert_eq!(r.code, 250, "{r:?}");
+    let r = c.cmd(&format!("RCPT TO:<{rcpt}>")).await;
+    assert_eq!(r.code, 250, "{r:?}");
+    let r = c.cmd("DATA").await;
+    assert_eq!(r.code, 354, "{r:?}");
+    c.send(&common::dot_stuff(body)).await;
+    let r = c.read_reply().await;
+    assert_eq!(r.code, 250, "{r:?}");
+    c.quit().await;
+    r.queue_id().expect("queue id")
+}
+
+/// RFC 8689 end to end: REQUIRETLS is offered only over TLS (555 before,
+/// as every parameter of an extension not offered); a REQUIRETLS message
+/// goes only to an MX authenticated by DANE (or MTA-STS) that offers
+/// REQUIRETLS, which is told; otherwise it bounces with 5.7.30 and the
+/// host gets nothing. `TLS-Required: No` lets an ordinary message past a
+/// DANE failure. Over HTTP, `require_tls` does what the parameter does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requiretls_is_kept_or_the_message_bounces() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let ca = TestCa::new("smtp-once rig CA");
+    let cert = ca.issue(&["mx.example"]);
+    let other = TestCa::new("another CA").issue(&["mx-bad.rt.test"]);
+    let tlsa = |host: &str, c: &common::mx_host::HostCert| {
+        format!("_{port}._tcp.{host} TLSA {}", c.tlsa_ee_spki_sha256())
+    };
+    let rig = DnsRig::start(
+        dir.path(),
+        &[
+            Zone::new(
+                "rt.test",
+                Signing::Secure,
+                &[
+                    "ok MX 10 mx-ok",
+                    "mx-ok A 127.0.5.1",
+                    &tlsa("mx-ok", &cert),
+                    "norequire MX 10 mx-norequire",
+                    "mx-norequire A 127.0.5.2",
+                    &tlsa("mx-norequire", &cert),
+                    "bad MX 10 mx-bad",
+                    "mx-bad A 127.0.5.4",
+                    &tlsa("mx-bad", &cert),
+                ],
+            ),
+            Zone::new(
+                "plain.test",
+                Signing::Insecure,
+                &["@ MX 10 mx", "mx A 127.0.5.3"],
+            ),
+        ],
+    );
+    let ok = MxHost::start(at("127.0.5.1", port), Behaviour::requiretls(&cert));
+    let norequire = MxHost::start(at("127.0.5.2", port), Behaviour::tls(&cert));
+    let plain = MxHost::start(at("127.0.5.3", port), Behaviour::requiretls(&cert));
+    let bad = MxHost::start(at("127.0.5.4", port), Behaviour::tls(&other));
+    let d = relay(
+        &rig,
+        port,
+        "keep_bodies = true\n\n[http]\naddr = \"127.0.0.1:0\"\n",
+    );
+
+    // Not offered before STARTTLS: 555, and the session goes on.
+    let mut c = Client::login(d.plain, "bob").await;
+    let r = c.cmd("MAIL FROM:<bob@example.test> REQUIRETLS").await;
+    assert_eq!(r.code, 555, "{r:?}");
+    assert!(r.has("5.5.4") && r.has("only after STARTTLS"), "{r:?}");
+    // Every other parameter the parser knows whose extension is not
+    // offered: 555 naming it, never a silent 250.
+    for (param, name) in [
+        ("RET=HDRS", "RET"),
+        ("ENVID=x1", "ENVID"),
+        ("BY=120;R", "BY"),
+        ("MTRK=abc:60", "MTRK"),
+        ("HOLDFOR=60", "HOLDFOR"),
+        ("HOLDUNTIL=2026-12-08T10:00:00Z", "HOLDUNTIL"),
+        ("MT-PRIORITY=3", "MT-PRIORITY"),
+        ("BODY=BINARYMIME", "BODY=BINARYMIME"),
+        ("CONPERM", "CONPERM"),
+    ] {
+        let r = c
+            .cmd(&format!("MAIL FROM:<bob@example.test> {param}"))
+            .await;
+        assert_eq!(r.code, 555, "{param}: {r:?}");
+        assert!(r.has(name), "{param}: {r:?}");
+    }
+    let r = c
+        .cmd("MAIL FROM:<bob@example.test> SIZE=100 BODY=8BITMIME")
+        .await;
+    assert_eq!(r.code, 250, "{r:?}");
+    for param in [
+        "NOTIFY=NEVER",
+        "ORCPT=rfc822;a@b.test",
+        "RRVS=2026-12-08T10:00:00Z",
+        "CONNEG",
+    ] {
+        let r = c.cmd(&format!("RCPT TO:<u@ok.rt.test> {param}")).await;
+        assert_eq!(r.code, 555, "{param}: {r:?}");
+    }
+    c.quit().await;
+
+    // DANE, and the MX offers REQUIRETLS: delivered, REQUIRETLS passed on.
+    let id = send_requiretls(&d, "u@ok.rt.test", &message(None, "secret")).await;
+    expect(&d, &id, "delivered", "auth=dane-ee").await;
+    let got = ok.received();
+    assert_eq!(got.len(), 1);
+    assert!(
+        got[0].tls && got[0].mail.contains("REQUIRETLS"),
+        "{:?}",
+        got[0].mail
+    );
+
+    // DANE, but the MX does not offer REQUIRETLS; no DANE or MTA-STS at
+    // all: bounced with 5.7.30, nothing sent.
+    let id = send_requiretls(&d, "u@norequire.rt.test", &message(None, "secret")).await;
+    expect(&d, &id, "failed", "550 5.7.30").await;
+    let id = send_requiretls(&d, "u@plain.test", &message(None, "secret")).await;
+    expect(&d, &id, "failed", "550 5.7.30").await;
+    assert!(norequire.received().is_empty() && plain.received().is_empty());
+    // Each bounce went back to the sender (a DSN naming 5.7.30).
+    wait_until("the bounces", 20, || {
+        (d.count("SELECT COUNT(*) FROM queue WHERE reverse_path = ''") == 2).then_some(())
+    })
+    .await;
+
+    // TLS-Required: No: an impostor's certificate under TLSA no longer
+    // holds the message back; without it, it does.
+    let id = send(&d, "u@bad.rt.test").await;
+    expect(&d, &id, "deferred", "TLS policy dane").await;
+    let mut body = b"TLS-Required: No\r\n".to_vec();
+    body.extend_from_slice(&message(None, "anyway"));
+    let mut c = Client::login(d.plain, "bob").await;
+    let r = c
+        .submit("bob@example.test", &["v@bad.rt.test"], &body)
+        .await;
+    c.quit().await;
+    let id = r.queue_id().expect("queued");
+    expect(&d, &id, "delivered", "auth=none").await;
+    assert!(bad.received().iter().any(|m| m.rcpts == ["v@bad.rt.test"]));
+    assert!(!bad.received().iter().any(|m| m.rcpts == ["u@bad.rt.test"]));
+
+    // Over HTTP: the JSON field.
+    let http = d.http.expect("http listener");
+    let json = br#"{"from": "bob@example.test", "to": ["w@plain.test"], "subject": "s", "text": "secret", "require_tls": true}"#;
+    let r = common::http::Request::new("POST", "/v1/messages")
+        .bearer(&common::api_token("bob"))
+        .header("Idempotency-Key", "rt-http-1")
+        .body("application/json", json)
+        .send(http)
+        .await;
+    assert_eq!(r.status, 202, "{:?}", r.json());
+    let id = r.json()["id"].as_str().expect("id").to_string();
+    expect(&d, &id, "failed", "550 5.7.30").await;
+    assert!(plain.received().is_empty());
+    drop(rig);
+}

@@ -9,7 +9,8 @@ use crate::idempotency::transit::TransitHeaders;
 use crate::idempotency::volatile::VolatileHeaders;
 use crate::message::key_header::{IdempotencyKeyError, KeyHeaders};
 use crate::message::mime_limits::{self, MimeLimitError, MimeLimits};
-use crate::submission::Submission;
+use crate::submission::{MailOptions, Submission};
+use sha2::{Digest, Sha256};
 
 use super::channel::KeySource;
 use super::from_header::{self, SenderRefusal};
@@ -81,6 +82,7 @@ impl Facts {
                             volatile,
                             transit,
                         ),
+                        sub.options,
                     ),
                 ),
             },
@@ -117,6 +119,7 @@ pub(super) fn earlier_fingerprints(
         identity(
             source,
             fingerprint_checked(&sub.reverse_path, &sub.recipients, &within, v),
+            sub.options,
         )
     };
     let mut earlier = Vec::with_capacity(2);
@@ -128,6 +131,21 @@ pub(super) fn earlier_fingerprints(
         earlier.push(with(volatile));
     }
     earlier
+}
+
+/// The MAIL parameters that change how a message travels are part of what
+/// was asked: the same message under its key with REQUIRETLS and without
+/// is two requests. Without any, the fingerprint is the message's alone,
+/// as it always was (stored entries keep replaying).
+fn with_options(message: Fingerprint, options: MailOptions) -> Fingerprint {
+    if options == MailOptions::default() {
+        return message;
+    }
+    let mut h = Sha256::new();
+    h.update(b"smtp-once mail options\0");
+    h.update(message);
+    h.update(options.to_stored().unwrap_or_default().as_bytes());
+    h.finalize().into()
 }
 
 /// SMTP reads the key from the message's configured key headers
@@ -146,9 +164,9 @@ fn key_of(
 /// An HTTP request's identity is its request line with the message's
 /// fingerprint: the same message sent to another path, with other query
 /// parameters, or over SMTP under the same key is a different request.
-fn identity(source: &KeySource, message: Fingerprint) -> Fingerprint {
+fn identity(source: &KeySource, message: Fingerprint, options: MailOptions) -> Fingerprint {
     match source {
-        KeySource::MessageHeader => message,
+        KeySource::MessageHeader => with_options(message, options),
         KeySource::Request { line, body, .. } => {
             request_fingerprint(line, &body.unwrap_or(message))
         }

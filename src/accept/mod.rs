@@ -481,6 +481,7 @@ impl Acceptor {
                 idempotency_key,
                 trace,
                 body: sub.content,
+                mail_params: sub.options.to_stored(),
                 created_at: now,
             }),
         };

@@ -76,6 +76,7 @@ mod tests {
             reverse_path: "a@x.test".into(),
             recipients: vec!["b@y.test".into()],
             content: Vec::new(),
+            options: Default::default(),
         };
         let quiet = received_header(&sub, "relay.test", "Q1", 0, TraceOptions::default());
         assert_eq!(

@@ -39,6 +39,7 @@ impl From<ClaimedMessage> for Loaded {
                 idempotency_key: m.idempotency_key,
                 trace: m.trace,
                 body: m.body,
+                options: crate::submission::MailOptions::from_stored(m.mail_params.as_deref()),
                 // The worker sets the configured ones.
                 key_headers: Default::default(),
             },
@@ -106,6 +107,7 @@ mod tests {
             idempotency_key: None,
             trace: String::new(),
             body: Vec::new(),
+            mail_params: None,
             created_at: 1,
             attempts: 2,
             latest_outcomes: vec![

@@ -68,10 +68,7 @@ impl Conn {
 
     async fn transact(&mut self, mail: &Mail<'_>) -> Transaction {
         self.transactions += 1;
-        let mut t = self
-            .session
-            .transact(mail.from, mail.recipients, mail.content, self.timeout)
-            .await;
+        let mut t = self.session.transact(mail, self.timeout).await;
         t.results = t
             .results
             .into_iter()
@@ -86,6 +83,8 @@ pub struct Mail<'a> {
     pub from: &'a str,
     pub recipients: &'a [String],
     pub content: &'a [u8],
+    /// REQUIRETLS: passed on to a hop that offers it.
+    pub require_tls: bool,
 }
 
 struct Idle {
@@ -398,6 +397,7 @@ mod tests {
             from: "s@example.test",
             recipients: &rcpts,
             content: b"Subject: t\r\n\r\nbody\r\n",
+            require_tls: false,
         };
         let settings = ClientSettings {
             helo: "relay.test".into(),

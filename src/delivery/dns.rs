@@ -9,8 +9,9 @@
 //! local validating resolver: any other path could be forged.
 //!
 //! Everything from the network is bounded: one message of at most 64 KiB,
-//! a CNAME chain of at most [`MAX_CNAME_HOPS`], a cache of at most
-//! [`CACHE_ENTRIES`] answers, each call under its own deadline.
+//! at most [`MAX_CNAME_HOPS`] CNAMEs within one answer and as many further
+//! queries for a chain a server left unfinished, a cache of at most
+//! [`CACHE_ENTRIES`] answers, each query under its own deadline.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -220,6 +221,8 @@ fn read_answer(
                 _ => None,
             })
             .unwrap_or(NEGATIVE_TTL)
+            // and no longer than the CNAMEs on the way (u32::MAX if none).
+            .min(Duration::from_secs(u64::from(min_ttl)))
     } else {
         Duration::from_secs(u64::from(min_ttl))
     };
@@ -302,3 +305,7 @@ fn random_id() -> u16 {
     let b = uuid::Uuid::new_v4().into_bytes();
     u16::from_be_bytes([b[0], b[1]])
 }
+
+#[cfg(test)]
+#[path = "dns_tests.rs"]
+mod dns_tests;

@@ -166,7 +166,16 @@ impl Plan {
             Plan::Sts => "mta-sts",
         }
     }
+
+    /// TLS that authenticates the MX host: what REQUIRETLS needs.
+    fn authenticates(&self) -> bool {
+        matches!(self, Plan::Verify | Plan::Dane(_) | Plan::Sts)
+    }
 }
+
+/// The start of every reason a REQUIRETLS message could not go to a host
+/// (RFC 8689 4.2.1); when it is every host's, the message bounces.
+const REQUIRETLS_REFUSED: &str = "550 5.7.30";
 
 pub struct MxTransport {
     resolver: Arc<dyn Resolver>,
@@ -238,7 +247,14 @@ impl MxTransport {
                 .deliver_to_literal(msg, recipients, &domain, literal)
                 .await;
         }
-        let level = self.mx.policy.level_for(&domain);
+        let require_tls = msg.options.require_tls;
+        let level = match self.mx.policy.level_for(&domain) {
+            // RFC 8689 5: the sender asks that the recipient domain's own
+            // TLS policies (DANE, MTA-STS) not stop this message; the
+            // operator's levels still hold. REQUIRETLS overrides it.
+            TlsLevel::Dane if !require_tls && msg.tls_not_required() => TlsLevel::May,
+            level => level,
+        };
         let (hosts, mx_secure) = match self.resolver.mx(&domain).await {
             Err(e) => return all(recipients, Status::Deferred, &format!("451 4.4.3 {e}")),
             Ok(answer) => match route(&domain, answer.value, seed()) {
@@ -289,6 +305,8 @@ impl MxTransport {
         };
         let mut last = None;
         let mut any_address = false;
+        // Every host refused for want of what REQUIRETLS needs: a bounce.
+        let mut requiretls_only = true;
         for host in &hosts {
             let ips = match self.resolver.ips(host).await {
                 Ok(ips) => ips,
@@ -320,8 +338,16 @@ impl MxTransport {
                 .plan(level, host, mx_secure && ips.secure, enforce)
                 .await
             {
+                Ok(plan) if require_tls && !plan.authenticates() => {
+                    last = Some(format!(
+                        "{REQUIRETLS_REFUSED} REQUIRETLS: no DANE, MTA-STS or verified TLS for MX {host} (TLS policy {} for {domain})",
+                        plan.tag()
+                    ));
+                    continue;
+                }
                 Ok(plan) => plan,
                 Err(why) => {
+                    requiretls_only = false;
                     last = Some(why);
                     continue;
                 }
@@ -331,8 +357,14 @@ impl MxTransport {
                 .await
             {
                 Ok(results) => return results,
-                Err(e) => last = Some(e),
+                Err(e) => {
+                    requiretls_only &= e.starts_with(REQUIRETLS_REFUSED);
+                    last = Some(e);
+                }
             }
+        }
+        if let Some(why) = last.as_deref().filter(|_| require_tls && requiretls_only) {
+            return all(recipients, Status::Failed, why);
         }
         if !any_address {
             return all(
@@ -380,9 +412,23 @@ impl MxTransport {
             }
             TlsLevel::May | TlsLevel::Dane => Plan::Opportunistic,
         };
+        if msg.options.require_tls && !plan.authenticates() {
+            let why = format!(
+                "{REQUIRETLS_REFUSED} REQUIRETLS: an address literal has no DANE or MTA-STS (TLS policy {} for {domain})",
+                plan.tag()
+            );
+            return all(recipients, Status::Failed, &why);
+        }
         self.try_host(msg, recipients, domain, domain, &[ip], &plan)
             .await
-            .unwrap_or_else(|e| all(recipients, Status::Deferred, &e))
+            .unwrap_or_else(|e| {
+                let status = if e.starts_with(REQUIRETLS_REFUSED) {
+                    Status::Failed
+                } else {
+                    Status::Deferred
+                };
+                all(recipients, status, &e)
+            })
     }
 
     /// The plan for `host` under `level`. `Err`: this host can't be used
@@ -451,23 +497,31 @@ impl MxTransport {
         plan: &Plan,
     ) -> Result<Vec<RcptResult>, String> {
         let content = msg.bytes_for(recipients);
+        let require_tls = msg.options.require_tls;
         let mail = Mail {
             from: &msg.reverse_path,
             recipients,
             content: &content,
+            require_tls,
         };
-        let key = format!("{host}:{}/{}", self.mx.port, plan.tag());
+        let rt = if require_tls { "/requiretls" } else { "" };
+        let key = format!("{host}:{}/{}{rt}", self.mx.port, plan.tag());
         self.pool
-            .send(&key, &mail, || self.open(host, domain, ips, plan))
+            .send(&key, &mail, || {
+                self.open(host, domain, ips, plan, require_tls)
+            })
             .await
     }
 
+    /// `require_tls`: a session whose host does not offer REQUIRETLS is
+    /// closed unused (RFC 8689 4.2.1).
     async fn open(
         &self,
         host: &str,
         domain: &str,
         ips: &[IpAddr],
         plan: &Plan,
+        require_tls: bool,
     ) -> Result<Conn, String> {
         let mut last = format!("{host}: no address");
         for ip in ips {
@@ -497,6 +551,12 @@ impl MxTransport {
                 session = smtp::open(addr, host, &Security::Plain, None, &self.settings).await;
             }
             match session {
+                Ok(session) if require_tls && !session.takes_requiretls() => {
+                    session.quit().await;
+                    last = format!(
+                        "{REQUIRETLS_REFUSED} REQUIRETLS: MX {host} [{addr}] does not offer REQUIRETLS"
+                    );
+                }
                 Ok(session) => {
                     let auth = matched.get().copied().unwrap_or(auth);
                     let hop = format!("{host} [{addr}] {}", session.security(auth));

@@ -9,6 +9,9 @@ use super::smtp::{self, ClientSettings, Security};
 use super::{DeliveryError, RcptResult, Status};
 use crate::config::{SmtpTls, TlsTrust};
 
+/// RFC 8689: a REQUIRETLS message that can't be sent securely bounces.
+const REQUIRETLS_REFUSED: &str = "550 5.7.30";
+
 pub struct SmarthostTransport {
     /// `host:port` as connected to.
     addr: String,
@@ -74,20 +77,44 @@ impl SmarthostTransport {
     }
 
     pub async fn deliver(&self, msg: &Outgoing, recipients: &[String]) -> Vec<RcptResult> {
+        let require_tls = msg.options.require_tls;
+        let verified = !matches!(self.security, Security::Plain) && self.auth == "verified";
+        if require_tls && !verified {
+            // RFC 8689 4.2.1: never to a hop whose TLS proves nothing.
+            let why = format!(
+                "{REQUIRETLS_REFUSED} REQUIRETLS: the smarthost {} is not reached over verified TLS",
+                self.addr
+            );
+            return RcptResult::all(recipients, Status::Failed, &why, Some(&self.addr));
+        }
         let content = msg.bytes_for(recipients);
         let mail = Mail {
             from: &msg.reverse_path,
             recipients,
             content: &content,
+            require_tls,
         };
-        match self.pool.send(&self.addr, &mail, || self.open()).await {
+        let key = if require_tls {
+            format!("{}/requiretls", self.addr)
+        } else {
+            self.addr.clone()
+        };
+        match self.pool.send(&key, &mail, || self.open(require_tls)).await {
             Ok(results) => results,
-            Err(why) => RcptResult::all(recipients, Status::Deferred, &why, Some(&self.addr)),
+            Err(why) => {
+                let status = if why.starts_with(REQUIRETLS_REFUSED) {
+                    Status::Failed
+                } else {
+                    Status::Deferred
+                };
+                RcptResult::all(recipients, status, &why, Some(&self.addr))
+            }
         }
     }
 
-    /// A new session with the first address of the smarthost that answers.
-    async fn open(&self) -> Result<Conn, String> {
+    /// A new session with the first address of the smarthost that answers;
+    /// for a REQUIRETLS message, one that offers REQUIRETLS.
+    async fn open(&self, require_tls: bool) -> Result<Conn, String> {
         let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(&self.addr)
             .await
             .map_err(|e| format!("cannot resolve {}: {e}", self.addr))?
@@ -103,6 +130,13 @@ impl SmarthostTransport {
             )
             .await
             {
+                Ok(session) if require_tls && !session.takes_requiretls() => {
+                    session.quit().await;
+                    return Err(format!(
+                        "{REQUIRETLS_REFUSED} REQUIRETLS: the smarthost {} [{addr}] does not offer REQUIRETLS",
+                        self.host
+                    ));
+                }
                 Ok(session) => {
                     let hop = format!("{} [{addr}] {}", self.host, session.security(self.auth));
                     return Ok(Conn::new(session, &hop, self.settings.timeout));

@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
+use super::connection_pool::Mail;
 use super::{RcptResult, Status};
 use crate::smtp_client::io::{self, Timeouts};
 use crate::smtp_client::transaction::{
@@ -234,20 +235,20 @@ impl Session {
     /// stays open: the caller keeps it for the next message or [`quit`]s.
     ///
     /// [`quit`]: Session::quit
-    pub async fn transact(
-        &mut self,
-        from: &str,
-        recipients: &[String],
-        content: &[u8],
-        timeout: Duration,
-    ) -> Transaction {
+    pub async fn transact(&mut self, mail: &Mail<'_>, timeout: Duration) -> Transaction {
         match self {
-            Session::Plain(c, caps) => {
-                transaction(&mut c.stream, caps, from, recipients, content, timeout).await
-            }
-            Session::Tls(c, caps) => {
-                transaction(&mut c.stream, caps, from, recipients, content, timeout).await
-            }
+            Session::Plain(c, caps) => transaction(&mut c.stream, caps, mail, timeout).await,
+            Session::Tls(c, caps) => transaction(&mut c.stream, caps, mail, timeout).await,
+        }
+    }
+
+    /// Over TLS and offering REQUIRETLS (RFC 8689 4.2.1): the only kind
+    /// of session a REQUIRETLS message may be sent on, once its TLS was
+    /// authenticated.
+    pub fn takes_requiretls(&self) -> bool {
+        match self {
+            Session::Plain(..) => false,
+            Session::Tls(_, caps) => caps.has_capability(smtp_proto::EXT_REQUIRE_TLS),
         }
     }
 
@@ -274,12 +275,11 @@ async fn reset<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, timeout: Durat
 async fn transaction<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     caps: &EhloResponse<String>,
-    from: &str,
-    rcpts: &[String],
-    content: &[u8],
+    mail: &Mail<'_>,
     timeout: Duration,
 ) -> Transaction {
-    let params = mail_params(caps, from, rcpts, content);
+    let (from, rcpts, content) = (mail.from, mail.recipients, mail.content);
+    let params = mail_params(caps, from, rcpts, content, mail.require_tls);
     let options = Options {
         pipelining: caps.has_capability(EXT_PIPELINING),
         all_or_nothing: false,

@@ -19,7 +19,8 @@ const DNS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 pub enum Transport {
     File(FileTransport),
     Smarthost(SmarthostTransport),
-    Mx(MxTransport),
+    // Boxed: the MX transport (DNS, MTA-STS cache) is twice the others.
+    Mx(Box<MxTransport>),
 }
 
 impl Transport {
@@ -69,9 +70,9 @@ impl Transport {
                         cache_file: Some(config.data_dir.join("mta-sts-policies.json")),
                     }),
                 };
-                Transport::Mx(
+                Transport::Mx(Box::new(
                     MxTransport::new(std::sync::Arc::new(resolver), mx, settings)?.with_pool(pool),
-                )
+                ))
             }
         })
     }
@@ -171,6 +172,7 @@ mod tests {
             idempotency_key: None,
             trace: "Received: test\r\n".into(),
             body: b"Subject: x\r\n\r\nbody\r\n".to_vec(),
+            options: Default::default(),
             key_headers: Default::default(),
         }
     }

@@ -552,6 +552,9 @@ fn bounce_for(ctx: &Ctx, loaded: &Loaded, plan: &Plan, now: UnixMillis) -> Optio
         idempotency_key: None,
         trace,
         body,
+        // The report carries the header only, never the content
+        // REQUIRETLS protected (RFC 8689 5).
+        mail_params: None,
         created_at: now,
     })
 }

@@ -18,6 +18,7 @@ pub struct Composed {
     pub reverse_path: String,
     pub recipients: Vec<String>,
     pub content: Vec<u8>,
+    pub options: crate::submission::MailOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +49,9 @@ pub struct JsonMessage {
     pub html: Option<String>,
     #[serde(default)]
     pub headers: std::collections::BTreeMap<String, String>,
+    /// REQUIRETLS (RFC 8689), as over SMTP.
+    #[serde(default)]
+    pub require_tls: bool,
 }
 
 /// Headers a JSON request may not set: the builder writes them from the
@@ -171,6 +175,9 @@ pub fn from_json(body: &[u8], hostname: &str) -> Result<Composed, ComposeError> 
         reverse_path,
         recipients,
         content,
+        options: crate::submission::MailOptions {
+            require_tls: m.require_tls,
+        },
     })
 }
 
@@ -274,6 +281,7 @@ pub fn from_raw(
         reverse_path,
         recipients,
         content,
+        options: Default::default(),
     })
 }
 

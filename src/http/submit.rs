@@ -150,6 +150,7 @@ async fn handle(api: Arc<Api>, peer: SocketAddr, request: Request) -> Response {
         reverse_path,
         recipients,
         content,
+        options,
     } = match composed {
         Ok(c) => c,
         Err(e) => {
@@ -188,6 +189,7 @@ async fn handle(api: Arc<Api>, peer: SocketAddr, request: Request) -> Response {
         reverse_path,
         recipients,
         content,
+        options,
     };
     let answer = api.acceptor.accept_via(submission, &Http, source).await;
     drop(reservation);

@@ -273,7 +273,7 @@ async fn transaction<S: AsyncRead + AsyncWrite + Unpin>(
     message: &[u8],
     timeout: Duration,
 ) -> Attempt {
-    let params = mail_params(caps, &env.from, &env.to, message);
+    let params = mail_params(caps, &env.from, &env.to, message, false);
     // One command at a time, and all or nothing: a message that cannot
     // reach every recipient is not sent, so a retry always sends the same
     // envelope.

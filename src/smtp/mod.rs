@@ -1,6 +1,7 @@
 //! The SMTP protocol, without I/O.
 
 pub mod message_buffer;
+pub mod params;
 pub mod path_command;
 pub mod reply;
 pub mod session;

@@ -6,6 +6,7 @@
 
 use smtp_proto::{Error as ParseError, Request};
 
+use super::params::{self, Extension};
 use crate::address::{AddressError, ForwardPath, ReversePath, split_bracketed};
 
 const MAIL_SYNTAX: &str = "MAIL FROM:<reverse-path> [parameters]";
@@ -39,13 +40,16 @@ pub struct MailArgs {
     pub path: ReversePath,
     /// `SIZE=`, 0 when not given.
     pub size: usize,
-    /// `BODY=BINARYMIME`, which we do not offer.
-    pub binarymime: bool,
+    /// `REQUIRETLS` (RFC 8689).
+    pub require_tls: bool,
+    /// Every parameter given, with its extension (`smtp::params`).
+    pub params: Vec<(&'static str, Extension)>,
 }
 
 #[derive(Debug)]
 pub struct RcptArgs {
     pub path: ForwardPath,
+    pub params: Vec<(&'static str, Extension)>,
 }
 
 #[derive(Debug)]
@@ -68,7 +72,8 @@ pub fn parse_mail(line: &[u8]) -> Result<MailArgs, CommandError> {
         Ok(Request::Mail { from }) => Ok(MailArgs {
             path,
             size: from.size,
-            binarymime: from.flags & smtp_proto::MAIL_BODY_BINARYMIME != 0,
+            require_tls: from.flags & smtp_proto::MAIL_REQUIRETLS != 0,
+            params: params::mail_params(&from),
         }),
         Ok(_) => Err(syntax(MAIL_SYNTAX)),
         Err(e) => Err(CommandError::Syntax(e)),
@@ -80,7 +85,10 @@ pub fn parse_rcpt(line: &[u8]) -> Result<RcptArgs, CommandError> {
     let path = ForwardPath::parse(inner).map_err(|error| path_error(error, inner.as_bytes()))?;
     let line = stand_in_line(b"RCPT TO:<>", rest);
     match Request::parse(&mut line.iter()) {
-        Ok(Request::Rcpt { .. }) => Ok(RcptArgs { path }),
+        Ok(Request::Rcpt { to }) => Ok(RcptArgs {
+            path,
+            params: params::rcpt_params(&to),
+        }),
         Ok(_) => Err(syntax(RCPT_SYNTAX)),
         Err(e) => Err(CommandError::Syntax(e)),
     }

@@ -67,13 +67,19 @@ pub fn describe(e: &mail_send::Error) -> String {
 /// The MAIL FROM parameters for `content` from `from` to `rcpts`, as far
 /// as the server offers them: SIZE, BODY=8BITMIME for 8-bit content,
 /// SMTPUTF8 for a UTF-8 envelope.
+/// `require_tls`: the message was accepted with REQUIRETLS (RFC 8689),
+/// which a hop that offers it is told of.
 pub fn mail_params(
     caps: &EhloResponse<String>,
     from: &str,
     rcpts: &[String],
     content: &[u8],
+    require_tls: bool,
 ) -> String {
     let mut params = String::new();
+    if require_tls && caps.has_capability(smtp_proto::EXT_REQUIRE_TLS) {
+        params.push_str(" REQUIRETLS");
+    }
     if caps.has_capability(EXT_SIZE) {
         params.push_str(&format!(" SIZE={}", content.len()));
     }

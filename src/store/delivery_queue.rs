@@ -19,6 +19,8 @@ pub struct ClaimedMessage {
     /// `DKIM-Signature:`s made at acceptance. Relayed as they are.
     pub trace: String,
     pub body: Vec<u8>,
+    /// `NewMessage::mail_params`.
+    pub mail_params: Option<String>,
     pub created_at: UnixMillis,
     /// Attempts recorded before this one.
     pub attempts: u32,

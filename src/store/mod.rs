@@ -94,6 +94,9 @@ pub struct NewMessage {
     /// is never copied to prepend them.
     pub trace: String,
     pub body: Vec<u8>,
+    /// The MAIL FROM parameters the relay honours and passes on
+    /// (`REQUIRETLS`), as text; `None` for none. The store keeps it as is.
+    pub mail_params: Option<String>,
     pub created_at: UnixMillis,
 }
 

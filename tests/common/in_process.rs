@@ -63,6 +63,7 @@ pub(crate) async fn queue_message(store: &SqliteStore, id: &str, to: &str, creat
                 idempotency_key: None,
                 trace: String::new(),
                 body: crate::common::message(None, id),
+                mail_params: None,
                 created_at,
             }),
             events: Vec::new(),

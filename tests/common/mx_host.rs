@@ -115,6 +115,8 @@ fn hex(bytes: &[u8]) -> String {
 /// One message as an MX host received it.
 #[derive(Debug, Clone)]
 pub(crate) struct Received {
+    /// The MAIL FROM line as sent.
+    pub mail: String,
     pub rcpts: Vec<String>,
     pub data: Vec<u8>,
     pub tls: bool,
@@ -126,6 +128,8 @@ pub(crate) struct Behaviour {
     pub greeting: String,
     /// Offer STARTTLS with this certificate; `None`: no STARTTLS in EHLO.
     pub tls: Option<HostCert>,
+    /// Offer REQUIRETLS (RFC 8689) once TLS is on.
+    pub requiretls: bool,
 }
 
 impl Behaviour {
@@ -133,6 +137,7 @@ impl Behaviour {
         Self {
             greeting: "220 mx ESMTP".into(),
             tls: None,
+            requiretls: false,
         }
     }
 
@@ -140,6 +145,15 @@ impl Behaviour {
         Self {
             greeting: "220 mx ESMTP".into(),
             tls: Some(cert.clone()),
+            requiretls: false,
+        }
+    }
+
+    /// `tls`, offering REQUIRETLS after STARTTLS.
+    pub(crate) fn requiretls(cert: &HostCert) -> Self {
+        Self {
+            requiretls: true,
+            ..Self::tls(cert)
         }
     }
 
@@ -147,6 +161,7 @@ impl Behaviour {
         Self {
             greeting: code.into(),
             tls: None,
+            requiretls: false,
         }
     }
 }
@@ -200,6 +215,7 @@ async fn session(
     'session: loop {
         let mut r = BufReader::new(io);
         let mut rcpts = Vec::new();
+        let mut mail = String::new();
         loop {
             let mut line = Vec::new();
             if r.read_until(b'\n', &mut line).await? == 0 {
@@ -211,6 +227,7 @@ async fn session(
                 "EHLO" if b.tls.is_some() && !tls => {
                     "250-mx\r\n250-8BITMIME\r\n250 STARTTLS".into()
                 }
+                "EHLO" if tls && b.requiretls => "250-mx\r\n250-8BITMIME\r\n250 REQUIRETLS".into(),
                 "EHLO" => "250-mx\r\n250 8BITMIME".to_string(),
                 "STAR" if !tls => match &b.tls {
                     Some(cert) => {
@@ -230,6 +247,7 @@ async fn session(
                 },
                 "MAIL" => {
                     rcpts.clear();
+                    mail = line.clone();
                     "250 2.1.0 Ok".into()
                 }
                 "RCPT" => {
@@ -244,6 +262,7 @@ async fn session(
                         return Ok(());
                     };
                     received.lock().expect("lock").push(Received {
+                        mail: mail.clone(),
                         rcpts: std::mem::take(&mut rcpts),
                         data,
                         tls,

@@ -26,6 +26,10 @@ impl Session {
         if self.config.starttls_offered && !self.tls {
             lines.push("STARTTLS".to_string());
         }
+        // RFC 8689 3: offered only over TLS.
+        if self.tls {
+            lines.push("REQUIRETLS".to_string());
+        }
         if self.auth_allowed() && self.account.is_none() {
             lines.push("AUTH PLAIN LOGIN".to_string());
         }

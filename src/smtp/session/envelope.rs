@@ -4,8 +4,10 @@
 
 use super::{Action, Envelope, Session};
 use crate::auth::Submitter;
+use crate::smtp::params::{self, Extension};
 use crate::smtp::path_command::{self, CommandError};
 use crate::smtp::reply::Reply;
+use crate::submission::MailOptions;
 
 impl Session {
     pub(super) fn submitter(&self) -> Option<Submitter> {
@@ -29,8 +31,8 @@ impl Session {
                 return self.count_bad_command();
             }
         };
-        if from.binarymime {
-            return self.refuse_binarymime();
+        if let Some((param, ext)) = params::first_refused(&from.params, self.tls) {
+            return self.refuse_param(param, ext);
         }
         if self.helo.is_none() {
             return self.bad_sequence("Send EHLO first");
@@ -65,13 +67,19 @@ impl Session {
         self.envelope = Some(Envelope {
             reverse_path: from.path.as_smtp().to_owned(),
             recipients: Vec::new(),
+            options: MailOptions {
+                require_tls: from.require_tls,
+            },
         });
         self.ok("2.1.0", "Ok")
     }
 
     pub(super) fn rcpt(&mut self, line: &[u8]) -> Option<Action> {
         let to = match path_command::parse_rcpt(line) {
-            Ok(to) => to.path,
+            Ok(to) => match params::first_refused(&to.params, self.tls) {
+                Some((param, ext)) => return self.refuse_param(param, ext),
+                None => to.path,
+            },
             Err(CommandError::Syntax(e)) => return self.parse_error(e),
             Err(CommandError::Path { error, text }) => {
                 tracing::info!(peer = %self.peer, path = ?text, reason = %error, "RCPT refused: bad recipient address");
@@ -99,10 +107,20 @@ impl Session {
         self.ok("2.1.5", "Ok")
     }
 
-    /// RFC 3030 BINARYMIME is not offered in EHLO: content must be lines.
-    fn refuse_binarymime(&mut self) -> Option<Action> {
-        // count_bad_command logs the reply.
-        self.write(Reply::new(555, "5.5.4", "BODY=BINARYMIME not supported"));
+    /// A parameter of an extension this session does not offer (RFC 5321
+    /// 4.1.1.11): the command is refused, the transaction goes on as if
+    /// it had not been sent.
+    fn refuse_param(&mut self, param: &str, ext: Extension) -> Option<Action> {
+        let why = if ext == Extension::RequireTls {
+            format!(
+                "{param} not supported: {} is offered only after STARTTLS",
+                ext.keyword()
+            )
+        } else {
+            format!("{param} not supported: {} is not offered", ext.keyword())
+        };
+        tracing::info!(peer = %self.peer, %param, "refused: parameter of an extension not offered");
+        self.write(Reply::new(555, "5.5.4", &why));
         self.count_bad_command()
     }
 

@@ -74,6 +74,7 @@ pub enum Action {
 struct Envelope {
     reverse_path: String,
     recipients: Vec<String>,
+    options: crate::submission::MailOptions,
 }
 
 enum State {

@@ -34,6 +34,7 @@ impl Session {
             recipients: envelope.recipients,
             // The buffer keeps the bytes reserved until `submission_done`.
             content: self.message.take(),
+            options: envelope.options,
         })))
     }
 

@@ -254,7 +254,7 @@ async fn load(
         .query(
             &c.prepare_cached(
                 "SELECT q.id, q.reverse_path, q.recipients, q.idempotency_key, q.workspace,
-                        q.created_at, q.attempts, b.trace, b.body
+                        q.created_at, q.attempts, b.trace, b.body, b.mail_params
                  FROM queue q JOIN message_body b ON b.queue_id = q.id WHERE q.id = ANY($1)",
             )
             .await?,
@@ -295,6 +295,7 @@ async fn load(
                 attempts: u32::try_from(attempts).unwrap_or(0),
                 trace: r.get(7),
                 body: r.get(8),
+                mail_params: r.get(9),
             }
         })
         .collect();

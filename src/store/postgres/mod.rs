@@ -365,7 +365,8 @@ async fn apply_acceptance(
                SELECT {}, {}, {}, {}, {}, {}, {}, 'queued', 0, t, t, t
                FROM smtp_once_now() AS t {gate}
                RETURNING id),
-             b AS (INSERT INTO message_body (queue_id, trace, body) SELECT id, {}, {} FROM q)",
+             b AS (INSERT INTO message_body (queue_id, trace, body, mail_params)
+                   SELECT id, {}, {}, {} FROM q)",
             p(0),
             p(1),
             p(2),
@@ -374,7 +375,8 @@ async fn apply_acceptance(
             p(5),
             p(6),
             p(7),
-            p(8)
+            p(8),
+            p(9)
         )
     }
     let ledger = a.ledger.as_ref().map(|l| {
@@ -391,7 +393,7 @@ async fn apply_acceptance(
             i64::try_from(m.trace.len() + m.body.len()).unwrap_or(i64::MAX),
         )
     });
-    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::with_capacity(15);
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::with_capacity(16);
     if let Some((l, fp, ttl)) = &ledger {
         params.extend([
             &l.workspace as &(dyn tokio_postgres::types::ToSql + Sync),
@@ -413,6 +415,7 @@ async fn apply_acceptance(
             size,
             &m.trace,
             &m.body,
+            &m.mail_params,
         ]);
     }
     // The three statements are built once per process, not per acceptance.

@@ -99,6 +99,9 @@ const MIGRATIONS: &[&str] = &[
     "CREATE INDEX queue_key ON queue (idempotency_key) WHERE idempotency_key IS NOT NULL;
      CREATE INDEX queue_workspace ON queue (workspace, id);
      CREATE INDEX webhook_outbox_queue ON webhook_outbox (queue_id) WHERE queue_id IS NOT NULL;",
+    // 5: the MAIL FROM parameters a message is relayed under (REQUIRETLS),
+    //    beside its body: read only with it, at delivery.
+    "ALTER TABLE message_body ADD COLUMN mail_params TEXT;",
 ];
 
 /// Serialises migrations across nodes (session advisory lock).

@@ -106,6 +106,7 @@ fn acceptance(id: &str, key: Option<&str>, body: &str) -> Acceptance {
             idempotency_key: key.map(str::to_owned),
             trace: "Received: x\r\n".into(),
             body: body.as_bytes().to_vec(),
+            mail_params: None,
             created_at: now,
         }),
         events: Vec::new(),

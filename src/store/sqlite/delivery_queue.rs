@@ -75,7 +75,7 @@ fn load_on(conn: &Connection, id: &str) -> rusqlite::Result<Option<ClaimedMessag
     let row = conn
         .prepare_cached(
             "SELECT q.reverse_path, q.recipients, q.idempotency_key, q.workspace, q.created_at,
-                    q.attempts, b.trace, b.body
+                    q.attempts, b.trace, b.body, b.mail_params
              FROM queue q JOIN message_body b ON b.queue_id = q.id WHERE q.id = ?1",
         )?
         .query_row([id], |r| {
@@ -90,6 +90,7 @@ fn load_on(conn: &Connection, id: &str) -> rusqlite::Result<Option<ClaimedMessag
                 attempts: r.get(5)?,
                 trace: r.get(6)?,
                 body: r.get(7)?,
+                mail_params: r.get(8)?,
                 latest_outcomes: Vec::new(),
             })
         })

@@ -47,6 +47,7 @@ fn acceptance(key: &str, events: Vec<NewEvent>) -> Acceptance {
             idempotency_key: Some(key.into()),
             trace: "T".into(),
             body: b"B".to_vec(),
+            mail_params: None,
             created_at: 100,
         }),
         events,

@@ -174,6 +174,7 @@ async fn a_bounce_is_queued_with_the_record_and_wakes_the_worker() {
         idempotency_key: None,
         trace: "T".into(),
         body: b"bounce".to_vec(),
+        mail_params: None,
         created_at: 200,
     });
     store.record(failed).await.expect("record");
@@ -204,6 +205,7 @@ async fn an_accepted_message_wakes_the_worker() {
         idempotency_key: None,
         trace: "T".into(),
         body: b"hi".to_vec(),
+        mail_params: None,
         created_at: 100,
     };
     store

@@ -121,6 +121,9 @@ const MIGRATIONS: &[Migration] = &[
     // 8: new ledger entries staged in write order, merged into their
     //    partitions in key order (`ledger_staging`, issue 24).
     Code(super::ledger_staging::create),
+    // 9: the MAIL FROM parameters a message is relayed under (REQUIRETLS),
+    //    beside its body: read only with it, at delivery.
+    Sql("ALTER TABLE message_body ADD COLUMN mail_params TEXT;"),
 ];
 
 pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<u32> {

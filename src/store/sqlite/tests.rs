@@ -38,6 +38,7 @@ pub(super) fn acceptance(id: &str, key: Option<&str>, now: i64, ttl: i64) -> Acc
             idempotency_key: key.map(str::to_owned),
             trace: "Received: x\r\n".into(),
             body: b"Subject: s\r\n\r\nbody\r\n".to_vec(),
+            mail_params: None,
             created_at: now,
         }),
         events: Vec::new(),

@@ -291,8 +291,10 @@ pub(crate) fn insert_message(tx: &Transaction<'_>, m: &NewMessage) -> rusqlite::
         i64::try_from(m.trace.len() + m.body.len()).unwrap_or(i64::MAX),
         m.created_at
     ])?;
-    tx.prepare_cached("INSERT INTO message_body (queue_id, trace, body) VALUES (?1, ?2, ?3)")?
-        .execute(params![m.id, m.trace, m.body])?;
+    tx.prepare_cached(
+        "INSERT INTO message_body (queue_id, trace, body, mail_params) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![m.id, m.trace, m.body, m.mail_params])?;
     Ok(())
 }
 
