@@ -821,7 +821,7 @@ async fn mx_routing_to_loopback_servers() {
     assert!(r.iter().all(|r| r.status == Status::Delivered), "{r:?}");
     assert_eq!(
         r[0].next_hop.as_deref(),
-        Some(format!("mx1.example.net [127.0.0.2:{port}]").as_str())
+        Some(format!("mx1.example.net [127.0.0.2:{port}] plaintext").as_str())
     );
     assert_eq!(
         primary.txns().len(),
