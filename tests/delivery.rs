@@ -836,7 +836,7 @@ async fn mx_routing_to_loopback_servers() {
     assert_eq!(r[0].status, Status::Delivered, "implicit MX: {r:?}");
     assert_eq!(
         r[0].next_hop.as_deref(),
-        Some(format!("implicit.example [127.0.0.1:{port}]").as_str())
+        Some(format!("implicit.example [127.0.0.1:{port}] plaintext").as_str())
     );
     assert_eq!(backup.txns().len(), 2);
 

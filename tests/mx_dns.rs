@@ -777,3 +777,115 @@ async fn requiretls_is_kept_or_the_message_bounces() {
     assert!(plain.received().is_empty());
     drop(rig);
 }
+
+/// TLS-RPT (RFC 8460) through the rig: a domain with DANE publishes
+/// `_smtp._tls` with an https and a mailto address; one MX presents an
+/// impostor's certificate (refused under its TLSA record), the next takes
+/// the message. After `tls_rpt_interval` the report, one success and one
+/// `validation-failure` naming that MX, is POSTed gzipped to the https
+/// address and mailed, through the relay's own queue, to the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_rpt_reports_sessions_by_https_and_by_mail() {
+    use common::policy_server::{PolicyServer, Serve};
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, https) = (free_port(), free_port());
+    let ca = TestCa::new("smtp-once rig CA");
+    let good = ca.issue(&["mx-good.d.rpt.test"]);
+    let impostor = TestCa::new("another CA").issue(&["mx-bad.d.rpt.test"]);
+    let tlsa = |host: &str| format!("_{port}._tcp.{host} TLSA {}", good.tlsa_ee_spki_sha256());
+    let rua = format!(
+        "_smtp._tls.d TXT \"v=TLSRPTv1; rua=https://collector.rpt.test:{https}/tlsrpt,mailto:tls@reports.test\""
+    );
+    let rig = DnsRig::start(
+        dir.path(),
+        &[
+            Zone::new(
+                "rpt.test",
+                Signing::Secure,
+                &[
+                    "d MX 10 mx-bad.d",
+                    "d MX 20 mx-good.d",
+                    "mx-bad.d A 127.0.6.1",
+                    "mx-good.d A 127.0.6.2",
+                    &tlsa("mx-bad.d"),
+                    &tlsa("mx-good.d"),
+                    &rua,
+                    "collector A 127.0.6.3",
+                ],
+            ),
+            Zone::new(
+                "reports.test",
+                Signing::Insecure,
+                &["@ MX 10 mx", "mx A 127.0.6.4"],
+            ),
+        ],
+    );
+    let bad = MxHost::start(at("127.0.6.1", port), Behaviour::tls(&impostor));
+    let _good = MxHost::start(at("127.0.6.2", port), Behaviour::tls(&good));
+    let inbox = MxHost::start(at("127.0.6.4", port), Behaviour::plain());
+    let collector = PolicyServer::start(
+        at("127.0.6.3", https),
+        &ca.issue(&["collector.rpt.test"]),
+        Serve::Collect,
+    );
+    let d = relay(
+        &rig,
+        port,
+        &format!(
+            "mx_ca_file = \"{}\"\ntls_rpt = true\ntls_rpt_interval = \"2s\"\n",
+            ca.write(dir.path()).display()
+        ),
+    );
+    let id = send(&d, "u@d.rpt.test").await;
+    expect(&d, &id, "delivered", "[127.0.6.2").await;
+    assert!(bad.received().is_empty());
+
+    let (head, body) = wait_until("a report POSTed", 30, || {
+        collector.bodies().into_iter().next()
+    })
+    .await;
+    assert!(head.starts_with("POST /tlsrpt "), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/tlsrpt+gzip"),
+        "{head}"
+    );
+    let mut json = String::new();
+    flate2::read::GzDecoder::new(&body[..])
+        .read_to_string(&mut json)
+        .expect("gzip");
+    let report: serde_json::Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(report["organization-name"], "relay.test", "{report}");
+    let policy = &report["policies"][0];
+    assert_eq!(policy["policy"]["policy-type"], "tlsa", "{report}");
+    assert_eq!(policy["policy"]["policy-domain"], "d.rpt.test");
+    assert_eq!(
+        policy["summary"]["total-successful-session-count"], 1,
+        "{report}"
+    );
+    assert_eq!(
+        policy["summary"]["total-failure-session-count"], 1,
+        "{report}"
+    );
+    let failure = &policy["failure-details"][0];
+    assert_eq!(failure["result-type"], "validation-failure", "{report}");
+    assert_eq!(failure["receiving-mx-hostname"], "mx-bad.d.rpt.test");
+    assert_eq!(failure["receiving-ip"], "127.0.6.1");
+
+    let mail = wait_until("a report by mail", 30, || {
+        inbox.received().into_iter().next()
+    })
+    .await;
+    let text = String::from_utf8_lossy(&mail.data).to_string();
+    assert_eq!(mail.rcpts, ["tls@reports.test"]);
+    for want in [
+        "report-type=\"tlsrpt\"",
+        "TLS-Report-Domain: d.rpt.test",
+        "TLS-Required: No",
+        "Content-Type: application/tlsrpt+gzip",
+    ] {
+        assert!(text.contains(want), "{want:?} not in\n{text}");
+    }
+    drop(rig);
+}

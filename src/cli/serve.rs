@@ -114,9 +114,24 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
         config.delivery.max_backlog,
         config.delivery.in_flow_delay,
     ));
-    let worker = Worker::start(config, store.clone(), router.clone(), backlog.clone())
+    let mut worker = Worker::start(config, store.clone(), router.clone(), backlog.clone())
         .await
         .map_err(|e| e.to_string())?;
+    // TLS-RPT reports go through the store's queue like any message.
+    let tls_reports = worker.take_tls_reporting().map(|parts| {
+        crate::delivery::tls_rpt::reporter::Reporter::start(
+            parts,
+            store.clone(),
+            crate::delivery::tls_rpt::reporter::Settings {
+                interval: config.delivery.tls_rpt_interval,
+                hostname: config.hostname.clone(),
+                deadline: config
+                    .delivery
+                    .timeout
+                    .min(std::time::Duration::from_secs(60)),
+            },
+        )
+    });
     let webhooks = crate::webhook::Sender::start(
         &config.webhooks,
         store.clone(),
@@ -223,11 +238,17 @@ async fn run_node<S: Store + DeliveryQueue + StatusReader + WebhookOutbox>(
             http.shutdown().await;
         }
     };
+    let reports_stopped = async {
+        if let Some(r) = tls_reports {
+            r.shutdown().await;
+        }
+    };
     tokio::join!(
         server.shutdown(),
         purge.shutdown(),
         worker.shutdown(),
-        http_stopped
+        http_stopped,
+        reports_stopped
     );
     // After the worker: its last records may have written events.
     if let Some(webhooks) = webhooks {

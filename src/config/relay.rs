@@ -85,6 +85,10 @@ pub struct RawRelay {
     /// The port MTA-STS policies are fetched from (443; another one only
     /// for tests).
     pub mta_sts_port: u16,
+    /// `mx` mode: send TLS-RPT (RFC 8460) reports to domains that ask.
+    pub tls_rpt: bool,
+    /// How often reports are sent (a day; less only for tests).
+    pub tls_rpt_interval: String,
     /// TEST ONLY: sleep this long after the next hop answered DATA and
     /// before recording the outcome, so a test can kill the process there.
     pub delivery_test_pause_after_send: Option<String>,
@@ -133,6 +137,8 @@ impl Default for RawRelay {
             tls_policy: Default::default(),
             mta_sts: true,
             mta_sts_port: 443,
+            tls_rpt: false,
+            tls_rpt_interval: "24h".into(),
             delivery_test_pause_after_send: None,
         }
     }
@@ -179,6 +185,8 @@ pub struct Delivery {
     pub tls_policy: TlsPolicy,
     pub mta_sts: bool,
     pub mta_sts_port: u16,
+    pub tls_rpt: bool,
+    pub tls_rpt_interval: Duration,
     /// Certificate check for a smarthost reached over TLS.
     pub smarthost_trust: TlsTrust,
     /// TEST ONLY (`relay.delivery_test_pause_after_send`).
@@ -341,6 +349,10 @@ pub(super) fn check_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Del
     };
     let dns_servers = check_dns_servers(&r.dns_servers, p);
     let tls_policy = check_tls_policy(r, p);
+    let tls_rpt_interval = p.duration("relay.tls_rpt_interval", &r.tls_rpt_interval);
+    if tls_rpt_interval.is_zero() {
+        p.add("relay.tls_rpt_interval", "must be greater than 0");
+    }
     if r.username.is_some() != r.password.is_some() {
         p.add(
             "relay.password",
@@ -386,6 +398,8 @@ pub(super) fn check_delivery(r: &RawRelay, base: &Path, p: &mut Problems) -> Del
         tls_policy,
         mta_sts: r.mta_sts,
         mta_sts_port: r.mta_sts_port,
+        tls_rpt: r.tls_rpt,
+        tls_rpt_interval,
         smarthost_trust,
         test_pause_after_send,
     }

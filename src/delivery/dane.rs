@@ -37,6 +37,12 @@ impl Tlsa {
         matches!(self.usage, DANE_TA | DANE_EE) && self.selector <= 1 && self.matching <= 2
     }
 
+    /// As a zone file writes it (`3 1 1 <hex>`), for TLS-RPT.
+    pub fn text(&self) -> String {
+        let hex: String = self.data.iter().map(|b| format!("{b:02x}")).collect();
+        format!("{} {} {} {hex}", self.usage, self.selector, self.matching)
+    }
+
     fn matches(&self, cert: &[u8]) -> bool {
         let selected = match self.selector {
             0 => cert.to_vec(),

@@ -17,6 +17,7 @@ pub mod dane;
 pub mod dns;
 pub mod dsn;
 pub mod file;
+pub mod https;
 pub mod mta_sts;
 pub mod mx;
 pub mod outgoing;
@@ -26,6 +27,7 @@ pub mod smarthost;
 pub mod smtp;
 pub mod status_text;
 pub mod tls;
+pub mod tls_rpt;
 pub mod transport;
 pub mod worker;
 

@@ -11,10 +11,12 @@ use std::sync::Arc;
 use super::connection_pool::{Conn, ConnectionPool, Mail, PoolSettings};
 use super::dane::{self, Tlsa};
 use super::mta_sts::fetch::Fetcher;
-use super::mta_sts::{Mode, MtaSts};
+use super::mta_sts::{Mode, MtaSts, Policy};
 use super::outgoing::Outgoing;
 pub use super::resolver::{DnsError, MxAnswer, MxRecord, Resolver, Secured};
 use super::smtp::{self, ClientSettings, Security};
+use super::smtp::{Session, SetupError};
+use super::tls_rpt as rpt;
 use super::{DeliveryError, RcptResult, Status, domain_of};
 use crate::config::{TlsLevel, TlsPolicy, TlsTrust};
 
@@ -95,6 +97,8 @@ pub struct MxSettings {
     pub listeners: Vec<SocketAddr>,
     /// MTA-STS for domains at the `dane` level; `None`: off.
     pub mta_sts: Option<StsSettings>,
+    /// Count sessions under DANE and MTA-STS for TLS-RPT.
+    pub tls_rpt: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -120,6 +124,7 @@ impl MxSettings {
             hostname: String::new(),
             listeners: Vec::new(),
             mta_sts: None,
+            tls_rpt: false,
         }
     }
 
@@ -150,8 +155,12 @@ enum Plan {
     Verify,
     /// STARTTLS or nothing; a certificate the TLSA records vouch for.
     Dane(Vec<Tlsa>),
-    /// An `enforce` MTA-STS policy: `Verify`, recorded as `mta-sts`.
-    Sts,
+    /// An MTA-STS policy: `Verify`, recorded as `mta-sts`; in `testing`
+    /// mode a failure falls back to `may` (and is reported).
+    Sts {
+        policy: Policy,
+        testing: bool,
+    },
 }
 
 impl Plan {
@@ -163,13 +172,17 @@ impl Plan {
             Plan::Encrypt => "encrypt",
             Plan::Verify => "verify",
             Plan::Dane(_) => "dane",
-            Plan::Sts => "mta-sts",
+            Plan::Sts { testing: false, .. } => "mta-sts",
+            Plan::Sts { testing: true, .. } => "mta-sts-testing",
         }
     }
 
     /// TLS that authenticates the MX host: what REQUIRETLS needs.
     fn authenticates(&self) -> bool {
-        matches!(self, Plan::Verify | Plan::Dane(_) | Plan::Sts)
+        matches!(
+            self,
+            Plan::Verify | Plan::Dane(_) | Plan::Sts { testing: false, .. }
+        )
     }
 }
 
@@ -184,6 +197,8 @@ pub struct MxTransport {
     verified: tokio_rustls::TlsConnector,
     settings: ClientSettings,
     sts: Option<MtaSts>,
+    /// TLS-RPT's counts (`relay.tls_rpt`).
+    reports: Option<Arc<rpt::Collector>>,
     /// Open sessions per MX host, reused across messages and domains.
     pool: ConnectionPool,
 }
@@ -211,6 +226,7 @@ impl MxTransport {
             };
             MtaSts::new(resolver.clone(), fetcher, s.cache_file.clone())
         });
+        let reports = mx.tls_rpt.then(Default::default);
         Ok(Self {
             resolver,
             mx,
@@ -218,6 +234,7 @@ impl MxTransport {
             verified,
             settings,
             sts,
+            reports,
             pool: ConnectionPool::new(PoolSettings::default()),
         })
     }
@@ -280,6 +297,7 @@ impl MxTransport {
             _ => None,
         };
         let enforce = sts.as_ref().is_some_and(|p| p.mode == Mode::Enforce);
+        let sts_plan = sts.as_ref().filter(|p| p.mode != Mode::None);
         let hosts = match &sts {
             Some(p) if p.mode != Mode::None => {
                 let (allowed, refused): (Vec<String>, Vec<String>) =
@@ -335,7 +353,7 @@ impl MxTransport {
             }
             any_address = true;
             let plan = match self
-                .plan(level, host, mx_secure && ips.secure, enforce)
+                .plan(level, host, mx_secure && ips.secure, sts_plan)
                 .await
             {
                 Ok(plan) if require_tls && !plan.authenticates() => {
@@ -442,14 +460,20 @@ impl MxTransport {
         level: TlsLevel,
         host: &str,
         secure: bool,
-        sts: bool,
+        sts: Option<&Policy>,
     ) -> Result<Plan, String> {
         let fallback = match level {
             TlsLevel::None => return Ok(Plan::Plain),
             TlsLevel::May => return Ok(Plan::Opportunistic),
             TlsLevel::Encrypt => return Ok(Plan::Encrypt),
             TlsLevel::Verify => return Ok(Plan::Verify),
-            TlsLevel::Dane if sts => Plan::Sts,
+            TlsLevel::Dane if sts.is_some() => match sts {
+                Some(p) => Plan::Sts {
+                    policy: p.clone(),
+                    testing: p.mode == Mode::Testing,
+                },
+                None => Plan::Opportunistic,
+            },
             TlsLevel::Dane => Plan::Opportunistic,
             TlsLevel::DaneOnly => {
                 if !secure {
@@ -513,6 +537,53 @@ impl MxTransport {
             .await
     }
 
+    /// TLS-RPT: a session under DANE or MTA-STS succeeded, or failed in its
+    /// TLS (STARTTLS missing, a certificate refused).
+    fn report(
+        &self,
+        plan: &Plan,
+        domain: &str,
+        host: &str,
+        addr: SocketAddr,
+        session: &Result<Session, SetupError>,
+    ) {
+        let Some(collector) = &self.reports else {
+            return;
+        };
+        let policy = match plan {
+            Plan::Dane(records) => rpt::Policy {
+                kind: rpt::PolicyType::Tlsa,
+                strings: records.iter().map(Tlsa::text).collect(),
+            },
+            Plan::Sts { policy, .. } => rpt::Policy {
+                kind: rpt::PolicyType::Sts,
+                strings: policy.lines(),
+            },
+            _ => return,
+        };
+        match session {
+            Ok(_) => collector.success(domain, &policy),
+            Err(e) if e.tls || e.message.contains("STARTTLS") => {
+                let failure = rpt::Failure {
+                    result_type: rpt::result_type(policy.kind, &e.message).to_owned(),
+                    mx_host: host.to_owned(),
+                    ip: Some(addr.ip()),
+                };
+                collector.failure(domain, &policy, failure);
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// What the TLS-RPT reporter needs, when reports are on.
+    pub fn tls_reporting(&self) -> Option<rpt::reporter::Parts> {
+        self.reports.as_ref().map(|c| rpt::reporter::Parts {
+            collector: c.clone(),
+            resolver: self.resolver.clone(),
+            tls: self.verified.clone(),
+        })
+    }
+
     /// `require_tls`: a session whose host does not offer REQUIRETLS is
     /// closed unused (RFC 8689 4.2.1).
     async fn open(
@@ -532,7 +603,7 @@ impl MxTransport {
                 Plan::Opportunistic => (Security::Opportunistic(self.unverified.clone()), "none"),
                 Plan::Encrypt => (Security::StartTls(self.unverified.clone()), "none"),
                 Plan::Verify => (Security::StartTls(self.verified.clone()), "verified"),
-                Plan::Sts => (Security::StartTls(self.verified.clone()), "mta-sts"),
+                Plan::Sts { .. } => (Security::StartTls(self.verified.clone()), "mta-sts"),
                 Plan::Dane(records) => {
                     let names = vec![host.to_owned(), domain.to_owned()];
                     let connector = dane::connector(records.clone(), names, matched.clone())
@@ -541,9 +612,19 @@ impl MxTransport {
                 }
             };
             let mut session = smtp::open(addr, host, &security, None, &self.settings).await;
+            self.report(plan, domain, host, addr, &session);
+            if let Err(e) = &session
+                && (e.tls || e.message.contains("STARTTLS"))
+                && matches!(plan, Plan::Sts { testing: true, .. })
+            {
+                // `testing`: reported above; delivered as without a policy.
+                tracing::info!(%domain, %host, %addr, error = %e, "MTA-STS testing: the policy would refuse this host");
+                let may = Security::Opportunistic(self.unverified.clone());
+                session = smtp::open(addr, host, &may, None, &self.settings).await;
+            }
             if let Err(e) = &session
                 && e.tls
-                && matches!(plan, Plan::Opportunistic)
+                && matches!(plan, Plan::Opportunistic | Plan::Sts { testing: true, .. })
             {
                 // A broken TLS stack must not stop delivery that plaintext
                 // would complete: opportunistic means exactly that.
@@ -565,7 +646,9 @@ impl MxTransport {
                 Err(e) => {
                     let reason = match plan {
                         Plan::Plain | Plan::Opportunistic => String::new(),
-                        Plan::Sts => format!(" (MTA-STS policy of {domain}: enforce)"),
+                        Plan::Sts { testing: false, .. } => {
+                            format!(" (MTA-STS policy of {domain}: enforce)")
+                        }
                         p => format!(" (TLS policy {} for {domain})", p.tag()),
                     };
                     last = format!("{host} [{addr}]: {e}{reason}");

@@ -69,6 +69,7 @@ impl Transport {
                         deadline: d.timeout.min(std::time::Duration::from_secs(60)),
                         cache_file: Some(config.data_dir.join("mta-sts-policies.json")),
                     }),
+                    tls_rpt: d.tls_rpt,
                 };
                 Transport::Mx(Box::new(
                     MxTransport::new(std::sync::Arc::new(resolver), mx, settings)?.with_pool(pool),
@@ -84,6 +85,15 @@ impl Transport {
             Transport::File(_) => "file".into(),
             Transport::Smarthost(s) => s.name().to_owned(),
             Transport::Mx(_) => domain_of(recipient).unwrap_or_default(),
+        }
+    }
+
+    /// TLS-RPT's counts and what sending reports needs (`mx` mode with
+    /// `relay.tls_rpt`).
+    pub fn tls_reporting(&self) -> Option<super::tls_rpt::reporter::Parts> {
+        match self {
+            Transport::Mx(t) => t.tls_reporting(),
+            _ => None,
         }
     }
 

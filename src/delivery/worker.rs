@@ -35,6 +35,8 @@ use crate::webhook::route::Attempted;
 pub struct Worker {
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    /// For the TLS-RPT reporter, until `serve` takes it.
+    tls_reporting: Option<super::tls_rpt::reporter::Parts>,
 }
 
 struct Ctx {
@@ -97,6 +99,7 @@ impl Worker {
         clock: Arc<dyn Clock>,
     ) -> Result<Worker, DeliveryError> {
         let transport = Transport::from_config(config)?;
+        let tls_reporting = transport.tls_reporting();
         let d = &config.delivery;
         let ctx = Arc::new(Ctx {
             queue,
@@ -130,7 +133,17 @@ impl Worker {
         // answers 451) and the loop takes the leases back once it can.
         let released = take_back_leases(&ctx, true).await;
         let task = tokio::spawn(run(ctx, stop_rx, config.shutdown_grace, released));
-        Ok(Worker { stop, task })
+        Ok(Worker {
+            stop,
+            task,
+            tls_reporting,
+        })
+    }
+
+    /// What the TLS-RPT reporter needs (`relay.tls_rpt` in `mx` mode),
+    /// once.
+    pub fn take_tls_reporting(&mut self) -> Option<super::tls_rpt::reporter::Parts> {
+        self.tls_reporting.take()
     }
 
     /// Stops claiming, lets deliveries in flight finish within the grace

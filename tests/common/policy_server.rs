@@ -21,20 +21,29 @@ pub(crate) enum Serve {
     Stall,
     /// A policy, as `text/html`.
     WrongType(String),
+    /// A TLS-RPT collector: every request body kept, `202` to each.
+    Collect,
 }
+
+/// What a `Collect` server kept: each request's head and body.
+type Kept = Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
 
 pub(crate) struct PolicyServer {
     pub addr: SocketAddr,
     requests: Arc<AtomicUsize>,
+    bodies: Kept,
 }
 
 impl PolicyServer {
     pub(crate) fn start(addr: SocketAddr, cert: &HostCert, serve: Serve) -> PolicyServer {
         let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config());
         let requests = Arc::new(AtomicUsize::new(0));
+        let bodies: Kept = Arc::default();
         let counter = requests.clone();
+        let kept = bodies.clone();
         let addr = super::spawn_server(addr, move |tcp| {
             let (acceptor, serve, counter) = (acceptor.clone(), serve.clone(), counter.clone());
+            let kept = kept.clone();
             async move {
                 let Ok(mut tls) = acceptor.accept(tcp).await else {
                     return;
@@ -73,6 +82,23 @@ impl PolicyServer {
                             }
                         }
                     }
+                    Serve::Collect => {
+                        let end = request.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4;
+                        let head = String::from_utf8_lossy(&request[..end]).to_string();
+                        let len = head
+                            .lines()
+                            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap_or(0)))
+                            .unwrap_or(0);
+                        let mut body = request[end..].to_vec();
+                        while body.len() < len {
+                            match tls.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => body.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        kept.lock().expect("lock").push((head, body));
+                        tls.write_all(b"HTTP/1.1 202 Accepted\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").await
+                    }
                     Serve::Stall => {
                         tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
                         Ok(())
@@ -81,7 +107,16 @@ impl PolicyServer {
                 let _ = tls.shutdown().await;
             }
         });
-        PolicyServer { addr, requests }
+        PolicyServer {
+            addr,
+            requests,
+            bodies,
+        }
+    }
+
+    /// `Collect`: each request's head and body.
+    pub(crate) fn bodies(&self) -> Vec<(String, Vec<u8>)> {
+        self.bodies.lock().expect("lock").clone()
     }
 
     pub(crate) fn requests(&self) -> usize {

@@ -7,13 +7,11 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty};
+use http_body_util::Full;
 use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
-use rustls_pki_types::ServerName;
-use tokio::net::TcpStream;
 
 use super::policy::{self, Policy};
+use crate::delivery::https;
 
 /// RFC 8461 3.2 leaves the size to the sender; a real policy is < 1 KiB.
 pub const MAX_POLICY_BYTES: usize = 64 * 1024;
@@ -42,64 +40,32 @@ impl Fetcher {
     }
 
     async fn get(&self, host: &str, addr: SocketAddr) -> Result<String, String> {
-        let tcp = TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
-        let name = ServerName::try_from(host.to_owned()).map_err(|e| format!("name: {e}"))?;
-        let tls = self
-            .tls
-            .connect(name, tcp)
-            .await
-            .map_err(|e| format!("TLS: {e}"))?;
-        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .map_err(|e| format!("HTTP: {e}"))?;
-        let driver = tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        let result = async {
-            let request = hyper::Request::get("/.well-known/mta-sts.txt")
-                .header("host", host)
-                .header(
-                    "user-agent",
-                    concat!("smtp-once/", env!("CARGO_PKG_VERSION")),
-                )
-                .body(Empty::<Bytes>::new())
-                .map_err(|e| format!("request: {e}"))?;
-            let response = send
-                .send_request(request)
-                .await
-                .map_err(|e| format!("HTTP: {e}"))?;
-            let status = response.status();
-            if status.is_redirection() {
-                return Err(format!(
-                    "HTTP {status}: redirects are not followed (RFC 8461 3.3)"
-                ));
-            }
-            if status != hyper::StatusCode::OK {
-                return Err(format!("HTTP {status}"));
-            }
-            let text_plain = response
-                .headers()
-                .get("content-type")
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| {
-                    v.trim_start()
-                        .to_ascii_lowercase()
-                        .starts_with("text/plain")
-                });
-            if !text_plain {
-                return Err("Content-Type is not text/plain".into());
-            }
-            let body = http_body_util::Limited::new(response.into_body(), MAX_POLICY_BYTES)
-                .collect()
-                .await
-                .map_err(|e| format!("body (at most {MAX_POLICY_BYTES} bytes): {e}"))?
-                .to_bytes();
-            String::from_utf8(body.to_vec()).map_err(|_| "policy is not UTF-8".to_string())
+        let request = hyper::Request::get("/.well-known/mta-sts.txt")
+            .header("host", host)
+            .header(
+                "user-agent",
+                concat!("smtp-once/", env!("CARGO_PKG_VERSION")),
+            )
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| format!("request: {e}"))?;
+        let answer = https::request(&self.tls, host, addr, request, MAX_POLICY_BYTES).await?;
+        if answer.status.is_redirection() {
+            return Err(format!(
+                "HTTP {}: redirects are not followed (RFC 8461 3.3)",
+                answer.status
+            ));
         }
-        .await;
-        driver.abort();
-        result
+        if answer.status != hyper::StatusCode::OK {
+            return Err(format!("HTTP {}", answer.status));
+        }
+        let text_plain = answer
+            .content_type
+            .trim_start()
+            .to_ascii_lowercase()
+            .starts_with("text/plain");
+        if !text_plain {
+            return Err("Content-Type is not text/plain".into());
+        }
+        String::from_utf8(answer.body).map_err(|_| "policy is not UTF-8".to_string())
     }
 }

@@ -39,6 +39,19 @@ impl Policy {
         })
     }
 
+    /// The policy as its lines (RFC 8460 4.4 `policy-string`).
+    pub fn lines(&self) -> Vec<String> {
+        let mode = match self.mode {
+            Mode::Enforce => "enforce",
+            Mode::Testing => "testing",
+            Mode::None => "none",
+        };
+        let mut lines = vec!["version: STSv1".to_owned(), format!("mode: {mode}")];
+        lines.extend(self.mx.iter().map(|m| format!("mx: {m}")));
+        lines.push(format!("max_age: {}", self.max_age));
+        lines
+    }
+
     pub fn patterns(&self) -> String {
         self.mx.join(", ")
     }
