@@ -889,3 +889,60 @@ async fn tls_rpt_reports_sessions_by_https_and_by_mail() {
     }
     drop(rig);
 }
+
+/// One MX host serving many domains (a provider's) gets at most
+/// `pool_size` sessions at once, each carrying message after message,
+/// even when the worker runs more transactions than that for its domains:
+/// no connection (and DANE handshake) per message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_mx_host_for_many_domains_reuses_its_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cert = TestCa::new("smtp-once rig CA").issue(&["mx.shared.test"]);
+    let mut records = vec![
+        "mx A 127.0.7.1".to_string(),
+        format!("_{port}._tcp.mx TLSA {}", cert.tlsa_ee_spki_sha256()),
+    ];
+    for i in 0..10 {
+        records.push(format!("d{i} MX 10 mx"));
+    }
+    let refs: Vec<&str> = records.iter().map(String::as_str).collect();
+    let rig = DnsRig::start(
+        dir.path(),
+        &[Zone::new("shared.test", Signing::Secure, &refs)],
+    );
+    let host = MxHost::start(at("127.0.7.1", port), Behaviour::tls(&cert));
+    let d = relay(&rig, port, "pool_size = 2\n");
+    let mut clients = Vec::new();
+    for c in 0..4 {
+        let plain = d.plain;
+        clients.push(tokio::spawn(async move {
+            let mut client = Client::login(plain, "bob").await;
+            for i in 0..10 {
+                let rcpt = format!("u{c}x{i}@d{i}.shared.test");
+                let r = client
+                    .submit("bob@example.test", &[&rcpt], &message(None, &rcpt))
+                    .await;
+                assert_eq!(r.code, 250, "{r:?}");
+            }
+            client.quit().await;
+        }));
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    wait_until("all 40 delivered", 60, || {
+        (host.received().len() == 40).then_some(())
+    })
+    .await;
+    assert!(host.received().iter().all(|m| m.tls));
+    let delivered =
+        d.count("SELECT COUNT(*) FROM delivery_attempt WHERE next_hop LIKE '%auth=dane-ee'");
+    assert_eq!(delivered, 40);
+    assert!(
+        host.connections() <= 4,
+        "{} connections for 40 messages through a pool of 2",
+        host.connections()
+    );
+    drop(rig);
+}

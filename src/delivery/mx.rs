@@ -190,6 +190,9 @@ impl Plan {
 /// (RFC 8689 4.2.1); when it is every host's, the message bounces.
 const REQUIRETLS_REFUSED: &str = "550 5.7.30";
 
+/// MX hosts (and DANE connectors) tracked at once; beyond, the idle go.
+const MAX_TRACKED: usize = 10_000;
+
 pub struct MxTransport {
     resolver: Arc<dyn Resolver>,
     mx: MxSettings,
@@ -199,6 +202,12 @@ pub struct MxTransport {
     sts: Option<MtaSts>,
     /// TLS-RPT's counts (`relay.tls_rpt`).
     reports: Option<Arc<rpt::Collector>>,
+    /// Sessions at once per MX host (the pool's size): `host_slot`.
+    per_host: usize,
+    host_slots: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    dane_connectors: std::sync::Mutex<
+        std::collections::HashMap<String, (tokio_rustls::TlsConnector, dane::Matched)>,
+    >,
     /// Open sessions per MX host, reused across messages and domains.
     pool: ConnectionPool,
 }
@@ -235,14 +244,66 @@ impl MxTransport {
             settings,
             sts,
             reports,
+            per_host: PoolSettings::default().max_idle,
+            host_slots: Default::default(),
+            dane_connectors: Default::default(),
             pool: ConnectionPool::new(PoolSettings::default()),
         })
     }
 
     /// Connection reuse as configured (the default otherwise).
     pub fn with_pool(mut self, settings: PoolSettings) -> Self {
+        self.per_host = settings.max_idle.max(1);
         self.pool = ConnectionPool::new(settings);
         self
+    }
+
+    /// A slot for one session to `host`. Many domains can share one MX
+    /// host (a provider's), and the worker limits each domain alone:
+    /// without this, their sessions beyond the pool's size would each be
+    /// opened (TCP, STARTTLS) for one message and closed after it.
+    async fn host_slot(&self, host: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let slot = {
+            let mut slots = self.host_slots.lock().ok()?;
+            if slots.len() >= MAX_TRACKED {
+                slots.retain(|_, s| Arc::strong_count(s) > 1);
+            }
+            slots
+                .entry(host.to_owned())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(self.per_host)))
+                .clone()
+        };
+        slot.acquire_owned().await.ok()
+    }
+
+    /// One DANE connector per host and TLSA set, kept: its sessions resume
+    /// (a resumed session was verified against these very records).
+    fn dane_connector(
+        &self,
+        host: &str,
+        domain: &str,
+        records: &[Tlsa],
+    ) -> Result<(tokio_rustls::TlsConnector, dane::Matched), String> {
+        let key = std::iter::once(host.to_owned())
+            .chain(records.iter().map(Tlsa::text))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut cache = self
+            .dane_connectors
+            .lock()
+            .map_err(|_| "451 4.7.5 DANE: connector cache poisoned".to_string())?;
+        if let Some(found) = cache.get(&key) {
+            return Ok(found.clone());
+        }
+        let matched = dane::Matched::default();
+        let names = vec![host.to_owned(), domain.to_owned()];
+        let connector = dane::connector(records.to_vec(), names, matched.clone())
+            .map_err(|e| format!("451 4.7.5 DANE: {e}"))?;
+        if cache.len() >= MAX_TRACKED {
+            cache.clear();
+        }
+        cache.insert(key, (connector.clone(), matched.clone()));
+        Ok((connector, matched))
     }
 
     /// Closes the pooled sessions with QUIT (shutdown).
@@ -528,6 +589,7 @@ impl MxTransport {
             content: &content,
             require_tls,
         };
+        let _slot = self.host_slot(host).await;
         let rt = if require_tls { "/requiretls" } else { "" };
         let key = format!("{host}:{}/{}{rt}", self.mx.port, plan.tag());
         self.pool
@@ -597,7 +659,7 @@ impl MxTransport {
         let mut last = format!("{host}: no address");
         for ip in ips {
             let addr = SocketAddr::new(*ip, self.mx.port);
-            let matched = dane::Matched::default();
+            let mut matched = dane::Matched::default();
             let (security, auth) = match plan {
                 Plan::Plain => (Security::Plain, "none"),
                 Plan::Opportunistic => (Security::Opportunistic(self.unverified.clone()), "none"),
@@ -605,9 +667,8 @@ impl MxTransport {
                 Plan::Verify => (Security::StartTls(self.verified.clone()), "verified"),
                 Plan::Sts { .. } => (Security::StartTls(self.verified.clone()), "mta-sts"),
                 Plan::Dane(records) => {
-                    let names = vec![host.to_owned(), domain.to_owned()];
-                    let connector = dane::connector(records.clone(), names, matched.clone())
-                        .map_err(|e| format!("451 4.7.5 DANE: {e}"))?;
+                    let (connector, m) = self.dane_connector(host, domain, records)?;
+                    matched = m;
                     (Security::StartTls(connector), "dane")
                 }
             };
