@@ -946,3 +946,65 @@ async fn one_mx_host_for_many_domains_reuses_its_sessions() {
     );
     drop(rig);
 }
+
+/// MTA-STS: the policy is fetched again when, and only when, the
+/// `_mta-sts` TXT record's id changes (RFC 8461 5.1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mta_sts_policy_is_fetched_again_when_the_txt_id_changes() {
+    use common::policy_server::{PolicyServer, Serve};
+    let dir = tempfile::tempdir().unwrap();
+    let (port, https) = (free_port(), free_port());
+    let ca = TestCa::new("smtp-once rig CA");
+    let rig = DnsRig::start(
+        dir.path(),
+        &[Zone::new(
+            "ids.test",
+            Signing::Insecure,
+            &[
+                "_mta-sts 1 TXT \"v=STSv1; id=one\"",
+                "mta-sts A 127.0.8.1",
+                "@ MX 10 mx",
+                "mx A 127.0.8.2",
+            ],
+        )],
+    );
+    let policy = "version: STSv1\r\nmode: enforce\r\nmx: mx.ids.test\r\nmax_age: 86400\r\n";
+    let server = PolicyServer::start(
+        at("127.0.8.1", https),
+        &ca.issue(&["mta-sts.ids.test"]),
+        Serve::Policy(policy.into()),
+    );
+    let _mx = MxHost::start(
+        at("127.0.8.2", port),
+        Behaviour::tls(&ca.issue(&["mx.ids.test"])),
+    );
+    let d = relay(
+        &rig,
+        port,
+        &format!(
+            "mx_ca_file = \"{}\"\nmta_sts_port = {https}\n",
+            ca.write(dir.path()).display()
+        ),
+    );
+    for (i, id) in ["one", "one", "two"].iter().enumerate() {
+        if i == 2 {
+            rig.set(
+                "ids.test",
+                "_mta-sts",
+                1,
+                "TXT",
+                &format!("\"v=STSv1; id={id}\""),
+            );
+            // Past the TTL of 1 s, in Unbound's cache and ours.
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+        }
+        let msg = send(&d, &format!("u{i}@ids.test")).await;
+        expect(&d, &msg, "delivered", "auth=mta-sts").await;
+    }
+    assert_eq!(
+        server.requests(),
+        2,
+        "fetched for id one, not again, then for id two"
+    );
+    drop(rig);
+}

@@ -183,6 +183,30 @@ impl DnsRig {
         }
     }
 
+    /// Replaces the `rtype` records at `owner` (relative to `zone`) with one
+    /// of `rdata` and `ttl`, through knotc: Knot re-signs the zone.
+    pub(crate) fn set(&self, zone: &str, owner: &str, ttl: u32, rtype: &str, rdata: &str) {
+        let conf = self.dir.join("knot.conf");
+        let knotc = |args: &[&str]| {
+            let out = Command::new(need("knotc"))
+                .arg("-c")
+                .arg(&conf)
+                .args(args)
+                .output()
+                .expect("knotc");
+            assert!(
+                out.status.success(),
+                "knotc {args:?}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        knotc(&["zone-begin", zone]);
+        knotc(&["zone-unset", zone, owner, rtype]);
+        knotc(&["zone-set", zone, owner, &ttl.to_string(), rtype, rdata]);
+        knotc(&["zone-commit", zone]);
+    }
+
     /// Knot's and Unbound's logs, for a failing assertion's message.
     pub(crate) fn logs(&self) -> String {
         let read = |f: &str| std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
