@@ -33,6 +33,10 @@ pub mod worker;
 
 pub use worker::Worker;
 
+/// The start of every reason a REQUIRETLS message could not go to a hop
+/// (RFC 8689 4.2.1): when it is every hop's, the message bounces.
+pub const REQUIRETLS_REFUSED: &str = "550 5.7.30";
+
 /// What happened to one recipient in one attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {

@@ -17,7 +17,7 @@ pub use super::resolver::{DnsError, MxAnswer, MxRecord, Resolver, Secured};
 use super::smtp::{self, ClientSettings, Security};
 use super::smtp::{Session, SetupError};
 use super::tls_rpt as rpt;
-use super::{DeliveryError, RcptResult, Status, domain_of};
+use super::{DeliveryError, REQUIRETLS_REFUSED, RcptResult, Status, domain_of};
 use crate::config::{TlsLevel, TlsPolicy, TlsTrust};
 
 /// Where mail for a domain goes.
@@ -185,10 +185,6 @@ impl Plan {
         )
     }
 }
-
-/// The start of every reason a REQUIRETLS message could not go to a host
-/// (RFC 8689 4.2.1); when it is every host's, the message bounces.
-const REQUIRETLS_REFUSED: &str = "550 5.7.30";
 
 /// MX hosts (and DANE connectors) tracked at once; beyond, the idle go.
 const MAX_TRACKED: usize = 10_000;

@@ -6,11 +6,8 @@ use mail_send::Credentials;
 use super::connection_pool::{Conn, ConnectionPool, Mail, PoolSettings};
 use super::outgoing::Outgoing;
 use super::smtp::{self, ClientSettings, Security};
-use super::{DeliveryError, RcptResult, Status};
+use super::{DeliveryError, REQUIRETLS_REFUSED, RcptResult, Status};
 use crate::config::{SmtpTls, TlsTrust};
-
-/// RFC 8689: a REQUIRETLS message that can't be sent securely bounces.
-const REQUIRETLS_REFUSED: &str = "550 5.7.30";
 
 pub struct SmarthostTransport {
     /// `host:port` as connected to.
